@@ -1,0 +1,53 @@
+"""Grouped dynamic depthwise convolution around a draft sublayer (spec 4.2-4.3).
+
+    u  = RMSNorm(x);  D = W_kp u  -> [.., 2, K, G]          (one projection per sublayer)
+    u' = Conv(u; base[0], D[:, 0])   "prepare", feeds the sublayer
+    y' = Conv(y; base[1], D[:, 1])   "finish", applied to the sublayer output y
+    Conv(z; b, d)[i, c] = sum_t [i mod block_len >= t] (b[t, c] + d[i, t, c // g]) z[i - t, c]
+
+Taps never cross a block boundary. Identity init (`base[:, 0] = 1`, `base[:, 1:] = 0`,
+`W_kp = 0`) makes a fresh DFlash2 layer compute exactly what a DFlash v1 layer computes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+
+class GroupedDynamicConv(nn.Module):
+    """Parameters keep the checkpoint layout: `base_kernel [2, K, H]`,
+    `kernel_projection.weight [2*K*G, H]` (row = side*K*G + tap*G + group)."""
+
+    def __init__(self, hidden_size: int, kernel_size: int, group_size: int, impl: str = "auto"):
+        super().__init__()
+        if hidden_size % group_size:
+            raise ValueError(f"conv_group_size {group_size} must divide hidden_size {hidden_size}")
+        self.hidden_size, self.kernel_size, self.group_size = hidden_size, kernel_size, group_size
+        self.num_groups = hidden_size // group_size
+        self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden_size))
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.num_groups, bias=False)
+        self.impl = impl
+        self.reset_to_identity()
+
+    @torch.no_grad()
+    def reset_to_identity(self) -> None:
+        self.base_kernel.zero_()
+        self.base_kernel[:, 0, :] = 1.0
+        self.kernel_projection.weight.zero_()
+
+    def project(self, u: torch.Tensor) -> torch.Tensor:
+        """Dynamic kernel offsets from the normed sublayer input: [B, T, H] -> [B, T, 2*K*G]."""
+        return self.kernel_projection(u)
+
+    def forward(self, z: torch.Tensor, proj: torch.Tensor, side: int, block_len: int) -> torch.Tensor:
+        """Apply side 0 (prepare) or 1 (finish) to `z [B, T, H]`; returns `[B, T, H]`."""
+        from dflash2.kernels.dispatch import resolve_impl
+        from dflash2.kernels.dynamic_conv import grouped_dynamic_conv
+
+        impl = resolve_impl(self.impl, z.device)
+        # Inputs choose the path (STYLE 5): anything that needs autograd runs the reference.
+        if torch.is_grad_enabled() and (z.requires_grad or proj.requires_grad or self.base_kernel.requires_grad):
+            impl = "torch"
+        return grouped_dynamic_conv(z, self.base_kernel, proj, side, block_len, self.group_size, impl=impl)

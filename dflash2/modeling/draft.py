@@ -1,0 +1,292 @@
+"""DFlash2 draft model: one non-causal forward drafts a whole block (spec 2, 4, 5).
+
+    c      = RMSNorm_hidden(W_fc concat(target features))             [B, ctx, H]
+    x      = E_in[anchor, mask, ..., mask] * input_embedding_scale     [B, q, H]
+    layer: u = norm_in(x); u' = conv_prep(u); a = Attn(Q(u'), [K(c); K(u')], [V(c); V(u')])
+           x = x + conv_fin(W_o a);  then the same around the SiLU MLP with norm_post
+    h      = RMSNorm_final(x)                                          [B, q, H]
+
+Context enters every layer only as extra keys/values projected with the layer's own `k_proj`,
+`v_proj` and `k_norm`, with RoPE at true positions. The block is non-causal unless the layer's
+config says causal (spec 2.5); sliding windows are measured in absolute positions. The draft
+owns neither an embedding nor a head: both are the target's (`dflash2.target.TargetModel`).
+
+One module tree serves training (no cache, differentiable, optional explicit mask over many
+packed blocks) and inference (with a `DraftContextCache`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+
+from dflash2.config import DFlash2Config
+from dflash2.modeling.cache import DraftContextCache
+from dflash2.modeling.conv import GroupedDynamicConv
+from dflash2.modeling.selector import CandidateSelector
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, S, hd]; cos/sin [B, S, hd]."""
+    cos, sin = cos[:, None], sin[:, None]
+    return x * cos + rotate_half(x) * sin
+
+
+class DraftAttention(nn.Module):
+    """Qwen3 attention whose keys/values are [context; block] (KV injection, spec 2.4)."""
+
+    def __init__(self, config: DFlash2Config):
+        super().__init__()
+        H, hd = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(H, self.num_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(H, self.num_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(H, self.num_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * hd, H, bias=bias)
+        self.q_norm = Qwen3RMSNorm(hd, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(hd, eps=config.rms_norm_eps)
+
+    def _kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, S, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(B, S, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return _rope(k, cos, sin), v  # [B, nkv, S, hd]
+
+    def forward(self, u, ctx, rope_blk, rope_ctx, mask, cache: DraftContextCache | None, layer_idx, slots):
+        B, q, _ = u.shape
+        Q = self.q_norm(self.q_proj(u).view(B, q, self.num_heads, self.head_dim)).transpose(1, 2)
+        Q = _rope(Q, *rope_blk)                                   # [B, nh, q, hd]
+        k_blk, v_blk = self._kv(u, *rope_blk)                     # [B, nkv, q, hd]
+        k_ctx, v_ctx = self._kv(ctx, *rope_ctx)                   # [B, nkv, c, hd]
+        if cache is not None:
+            cache.write(layer_idx, k_ctx, v_ctx, slots)
+            k_ctx, v_ctx = cache.keys[layer_idx], cache.values[layer_idx]
+        K = torch.cat([k_ctx.to(k_blk.dtype), k_blk], dim=2)
+        V = torch.cat([v_ctx.to(v_blk.dtype), v_blk], dim=2)
+        out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(B, q, -1))
+
+
+class DraftDecoderLayer(nn.Module):
+    def __init__(self, config: DFlash2Config, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        H = config.hidden_size
+        self.self_attn = DraftAttention(config)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
+        if config.is_dflash2:
+            K, g = config.conv_kernel_size, config.conv_group_size
+            self.attention_conv = GroupedDynamicConv(H, K, g)
+            self.mlp_conv = GroupedDynamicConv(H, K, g)
+        else:
+            self.attention_conv = self.mlp_conv = None
+
+    def forward(self, x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len):
+        u = self.input_layernorm(x)
+        if self.attention_conv is not None:
+            d = self.attention_conv.project(u)                    # [B, q, 2*K*G] from the input
+            u = self.attention_conv(u, d, 0, block_len)
+        y = self.self_attn(u, ctx, rope_blk, rope_ctx, mask, cache, self.layer_idx, slots)
+        if self.attention_conv is not None:
+            y = self.attention_conv(y, d, 1, block_len)
+        x = x + y
+        u = self.post_attention_layernorm(x)
+        if self.mlp_conv is not None:
+            d = self.mlp_conv.project(u)
+            u = self.mlp_conv(u, d, 0, block_len)
+        y = self.mlp(u)
+        if self.mlp_conv is not None:
+            y = self.mlp_conv(y, d, 1, block_len)
+        return x + y
+
+
+class DFlash2DraftModel(PreTrainedModel):
+    """DFlash2 (or v1, per `config.architectures`) draft model. See the module docstring."""
+
+    config_class = DFlash2Config
+    base_model_prefix = ""
+    _no_split_modules = ["DraftDecoderLayer"]
+    supports_gradient_checkpointing = False
+
+    def __init__(self, config: DFlash2Config):
+        super().__init__(config)
+        H, n = config.hidden_size, len(config.target_layer_ids)
+        self.fc = nn.Linear(n * H, H, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.candidate_selector = (
+            CandidateSelector(H, config.vocab_size, config.selector_rank, config.initializer_range)
+            if config.is_dflash2 else None
+        )
+        self.post_init()
+
+    # ------------------------------------------------------------------ init
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            module.weight.normal_(0.0, std)
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, Qwen3RMSNorm):
+            module.weight.fill_(1.0)
+
+    def post_init(self) -> None:
+        super().post_init()
+        self.reset_dflash2_parts()
+
+    @torch.no_grad()
+    def reset_dflash2_parts(self) -> None:
+        """Conv = identity and selector bilinear term = 0: the model then equals DFlash v1.
+
+        Called after the generic init, which would otherwise re-randomize both (spec addendum).
+        """
+        for layer in self.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                if conv is not None:
+                    conv.reset_to_identity()
+        if self.candidate_selector is not None:
+            self.candidate_selector.reset_to_identity()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def selector_enabled(self) -> bool:
+        return self.candidate_selector is not None
+
+    @property
+    def block_size(self) -> int:
+        return self.config.dflash_block_size
+
+    def set_kernel_impl(self, impl: str) -> None:
+        """Choose `auto | torch | triton` for the conv kernels of every layer."""
+        for layer in self.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                if conv is not None:
+                    conv.impl = impl
+
+    def new_cache(self, batch_size: int, max_len: int) -> DraftContextCache:
+        return DraftContextCache.for_model(self, batch_size, max_len)
+
+    def noise_embedding(self, embed, block_tokens: torch.Tensor) -> torch.Tensor:
+        """Target embeddings of `[anchor, mask, ...]` times `input_embedding_scale` (all slots)."""
+        scale = self.config.input_embedding_scale
+        emb = embed(block_tokens)
+        return emb * scale if scale != 1.0 else emb
+
+    # ------------------------------------------------------------------ masks
+    def _masks(self, pos_q, pos_k, valid_k, q, attention_mask):
+        """Boolean masks `[B, 1, q, Kn]` (True = attend), one per distinct layer rule."""
+        if attention_mask is not None:
+            m = attention_mask if attention_mask.dim() == 4 else attention_mask[:, None]
+            return [m.bool()] * len(self.layers)
+        Kn = pos_k.shape[1]
+        base = valid_k[:, None, :].expand(-1, q, -1)              # [B, q, Kn]
+        blk_q = torch.arange(q, device=pos_q.device)
+        in_block_causal = torch.ones(q, Kn, dtype=torch.bool, device=pos_q.device)
+        in_block_causal[:, Kn - q:] = blk_q[None, :] <= blk_q[:, None]
+        cache: dict[tuple, torch.Tensor] = {}
+        out = []
+        for i in range(len(self.layers)):
+            key = (self.config.layer_is_causal(i), self.config.layer_window(i))
+            if key not in cache:
+                m = base
+                if key[0]:
+                    m = m & in_block_causal
+                if key[1] is not None:
+                    m = m & ((pos_q[:, :, None] - pos_k[:, None, :]).abs() < key[1])
+                cache[key] = m[:, None]
+            out.append(cache[key])
+        return out
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        position_ids: torch.Tensor,
+        noise_embedding: torch.Tensor,
+        target_hidden: torch.Tensor,
+        past_key_values: DraftContextCache | None = None,
+        use_cache: bool = False,
+        context_lengths: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        block_len: int | None = None,
+    ) -> torch.Tensor:
+        """Draft one block (or, in training, many packed blocks).
+
+        Args:
+            position_ids: `[B or 1, c + q]` positions of the new context tokens, then the block.
+            noise_embedding: `[B, q, H]` embeddings of `[anchor, mask x N]` (already scaled).
+            target_hidden: `[B, c, n*H]` raw concatenated target features of new context tokens.
+            past_key_values: a `DraftContextCache`; new context K/V are written at each row's
+                current length, which then grows by `context_lengths` (default `c`).
+            use_cache: accepted for z-lab signature compatibility; the cache is used iff given.
+            context_lengths: `[B]` number of valid new context tokens per row (cache only).
+            attention_mask: optional explicit bool mask `[B, (1,) q, c + q]`, True = attend
+                (training layouts with many blocks); without a cache only.
+            block_len: conv block length; default `q` (one block).
+        Returns:
+            `[B, q, H]` final-normed hidden states of the block positions.
+        """
+        B, q, _ = noise_embedding.shape
+        c = target_hidden.shape[1]
+        position_ids = position_ids.expand(B, -1)
+        if position_ids.shape[1] != c + q:
+            raise ValueError(f"position_ids covers {position_ids.shape[1]} positions, expected ctx {c} + block {q}")
+        ctx = self.hidden_norm(self.fc(target_hidden))
+        cos, sin = self.rotary_emb(noise_embedding, position_ids)
+        rope_ctx, rope_blk = (cos[:, :c], sin[:, :c]), (cos[:, c:], sin[:, c:])
+        pos_blk = position_ids[:, c:]
+
+        cache, slots = past_key_values, None
+        if cache is not None:
+            if attention_mask is not None:
+                raise ValueError("attention_mask is for cache-free (training) forwards")
+            counts = (torch.full((B,), c, dtype=torch.long, device=pos_blk.device)
+                      if context_lengths is None else context_lengths.to(device=pos_blk.device, dtype=torch.long))
+            cache.check_capacity(c)
+            slots = cache.slots_for(c)
+            slot_pos = torch.arange(cache.max_len, device=pos_blk.device)
+            valid_ctx = slot_pos[None, :] < (cache.lengths + counts)[:, None]
+            pos_k = torch.cat([slot_pos[None].expand(B, -1), pos_blk], dim=1)
+        else:
+            valid_ctx = torch.ones(B, c, dtype=torch.bool, device=pos_blk.device)
+            pos_k = position_ids
+        valid_k = torch.cat([valid_ctx, torch.ones(B, q, dtype=torch.bool, device=pos_blk.device)], dim=1)
+        masks = self._masks(pos_blk, pos_k, valid_k, q, attention_mask)
+
+        x = noise_embedding
+        for layer, mask in zip(self.layers, masks):
+            x = layer(x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len or q)
+        if cache is not None:
+            cache.advance(counts)
+        return self.norm(x)
+
+    # ------------------------------------------------------------------ checkpoint IO
+    @classmethod
+    def from_pretrained(cls, path, *, dtype: torch.dtype | None = None, device=None, **_ignored):
+        """Load a z-lab-format checkpoint dir (`DFlash2DraftModel` or v1 `DFlashDraftModel`)."""
+        from dflash2.checkpoint import load_draft
+
+        return load_draft(cls, path, dtype=dtype, device=device)
+
+    def save_pretrained(self, save_directory, **_ignored) -> None:
+        """Write `config.json` + `model.safetensors` with the z-lab tensor names."""
+        from dflash2.checkpoint import save_draft
+
+        save_draft(self, save_directory)
+
+    # ------------------------------------------------------------------ generation
+    def spec_generate(self, target, input_ids, max_new_tokens: int, temperature: float = 0.0,
+                      stop_token_ids=None, **kwargs):
+        """z-lab-style convenience wrapper around `dflash2.speculative_generate`."""
+        from dflash2.engine import speculative_generate
+
+        return speculative_generate(target, self, input_ids, max_new_tokens=max_new_tokens,
+                                    temperature=temperature, stop_token_ids=stop_token_ids, **kwargs)

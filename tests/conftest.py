@@ -1,0 +1,55 @@
+"""Shared tiny models. Everything is seeded and small enough for a 2-core CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2.config import DFlash2Config
+
+
+def tiny_draft_config(*, v2: bool = True, hidden: int = 64, layers: int = 2, vocab: int = 300,
+                      num_target_layers: int = 4, **dflash) -> DFlash2Config:
+    dc = dict(block_size=8, mask_token_id=vocab - 1, target_layer_ids=[0, 2], conv_kernel_size=2,
+              conv_group_size=16, selector_rank=8, selector_top_k=4)
+    dc.update(dflash)
+    return DFlash2Config(
+        architectures=["DFlash2DraftModel" if v2 else "DFlashDraftModel"],
+        hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=vocab, num_target_layers=num_target_layers,
+        rms_norm_eps=1e-6, max_position_embeddings=4096, dflash_config=dc,
+    )
+
+
+def tiny_qwen3(vocab: int = 300, hidden: int = 64, layers: int = 4, seed: int = 0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                      tie_word_embeddings=False)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def tiny_llama(vocab: int = 300, hidden: int = 64, layers: int = 4, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def randomize_(model: torch.nn.Module, seed: int = 0, std: float = 0.1) -> torch.nn.Module:
+    """Every parameter random (including conv and selector), so nothing hides behind identity init."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * std + (1.0 if p.dim() == 1 else 0.0))
+    return model
+
+
+@pytest.fixture
+def draft_config():
+    return tiny_draft_config()

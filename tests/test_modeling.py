@@ -1,0 +1,178 @@
+"""DFlash2 draft model: conv vs the formula, identity init == v1, selector vs a loop, caching,
+masks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2.modeling import CandidateSelector, DFlash2DraftModel, GroupedDynamicConv
+from tests.conftest import randomize_, tiny_draft_config
+
+
+def conv_loop(z, base, proj, side, block_len, g):
+    """Conv(z; b, d)[i, c] = sum_t [i mod block_len >= t] (b[t, c] + d[i, t, c // g]) z[i - t, c]."""
+    B, T, H = z.shape
+    K = base.shape[1]
+    G = H // g
+    d = proj.view(B, T, 2, K, G)
+    out = torch.zeros(B, T, H, dtype=torch.float64)
+    for b in range(B):
+        for i in range(T):
+            for c in range(H):
+                acc = 0.0
+                for t in range(K):
+                    if i % block_len >= t:
+                        acc += (float(base[side, t, c]) + float(d[b, i, side, t, c // g])) * float(z[b, i - t, c])
+                out[b, i, c] = acc
+    return out
+
+
+@pytest.mark.parametrize("K", [1, 2, 3])
+@pytest.mark.parametrize("g", [1, 4, 8])
+@pytest.mark.parametrize("side", [0, 1])
+def test_conv_matches_formula_loop_across_block_boundaries(K, g, side):
+    torch.manual_seed(100 * K + g + side)
+    H, T, block_len = 8, 10, 5  # two blocks: taps must not reach across position 5
+    conv = GroupedDynamicConv(H, K, g, impl="torch")
+    with torch.no_grad():
+        conv.base_kernel.normal_()
+        conv.kernel_projection.weight.normal_()
+    z = torch.randn(2, T, H)
+    u = torch.randn(2, T, H)
+    proj = conv.project(u)
+    with torch.no_grad():
+        got = conv(z, proj, side, block_len)
+    want = conv_loop(z, conv.base_kernel.detach(), proj.detach(), side, block_len, g)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_identity_init_is_exact_identity():
+    conv = GroupedDynamicConv(16, 3, 4, impl="torch")
+    z = torch.randn(2, 7, 16)
+    proj = conv.project(torch.randn(2, 7, 16))
+    assert torch.equal(conv(z, proj, 0, 7), z) and torch.equal(conv(z, proj, 1, 7), z)
+
+
+def _inputs(cfg, B=2, ctx=6, q=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = len(cfg.target_layer_ids)
+    target_hidden = torch.randn(B, ctx, n * cfg.hidden_size, generator=g)
+    noise = torch.randn(B, q, cfg.hidden_size, generator=g)
+    pos = torch.arange(ctx + q)[None].expand(B, -1)
+    return pos, noise, target_hidden
+
+
+def test_identity_init_dflash2_equals_same_weights_as_v1():
+    torch.manual_seed(0)
+    v2 = DFlash2DraftModel(tiny_draft_config(v2=True)).eval()
+    randomize_(v2, seed=1)
+    v2.reset_dflash2_parts()  # random backbone, identity conv + selector
+    v1 = DFlash2DraftModel(tiny_draft_config(v2=False)).eval()
+    missing, unexpected = v1.load_state_dict(v2.state_dict(), strict=False)
+    assert not missing and all("conv" in k or "candidate_selector" in k for k in unexpected)
+    pos, noise, th = _inputs(v2.config)
+    with torch.no_grad():
+        assert torch.equal(v2(pos, noise, th), v1(pos, noise, th))
+
+
+def test_trained_conv_changes_output_and_is_differentiable():
+    model = randomize_(DFlash2DraftModel(tiny_draft_config()), seed=2)
+    pos, noise, th = _inputs(model.config)
+    out = model(pos, noise, th)
+    out.square().mean().backward()
+    conv = model.layers[0].attention_conv
+    assert conv.base_kernel.grad is not None and conv.kernel_projection.weight.grad.abs().sum() > 0
+    model.reset_dflash2_parts()
+    with torch.no_grad():
+        assert not torch.allclose(out, model(pos, noise, th))
+
+
+def test_selector_scores_match_explicit_loop():
+    torch.manual_seed(3)
+    H, V, R, k = 12, 40, 5, 4
+    sel = CandidateSelector(H, V, R)
+    with torch.no_grad():
+        sel.successor_codebook.normal_()
+    h = torch.randn(3, H)
+    unary = torch.randn(3, k)
+    cand = torch.randint(0, V, (3, k))
+    pred = torch.randint(0, V, (3,))
+    got = sel.scores(unary, cand, pred, h)
+    A, Z, W = sel.predecessor_codebook.double(), sel.successor_codebook.double(), sel.hidden_projection.weight.double()
+    for j in range(3):
+        eta = W @ h[j].double()
+        for c in range(k):
+            want = float(unary[j, c]) + sum(float(A[pred[j], r] * eta[r] * Z[cand[j, c], r]) for r in range(R))
+            assert abs(float(got[j, c]) - want) < 1e-5
+    assert got.dtype == torch.float32
+
+
+def test_selector_identity_scores_equal_unary():
+    sel = CandidateSelector(8, 20, 4)
+    unary = torch.randn(2, 3, 5)
+    out = sel.scores(unary, torch.randint(0, 20, (2, 3, 5)), torch.randint(0, 20, (2, 3)), torch.randn(2, 3, 8))
+    assert torch.equal(out, unary)
+
+
+def test_cached_forward_equals_full_forward_with_uneven_rows():
+    """Context appended in chunks with per-row counts == one cache-free forward per row."""
+    model = randomize_(DFlash2DraftModel(tiny_draft_config()), seed=4).eval()
+    cfg = model.config
+    n, H, q = len(cfg.target_layer_ids), cfg.hidden_size, 4
+    g = torch.Generator().manual_seed(5)
+    feats = torch.randn(2, 12, n * H, generator=g)
+    cache = model.new_cache(batch_size=2, max_len=32)
+    chunks = [(torch.tensor([5, 3]), 5), (torch.tensor([2, 4]), 4)]  # (counts per row, chunk width)
+    lengths = torch.zeros(2, dtype=torch.long)
+    with torch.no_grad():
+        for counts, width in chunks:
+            new = torch.stack([feats[b, lengths[b]:lengths[b] + width] if lengths[b] + width <= 12 else
+                               torch.cat([feats[b, lengths[b]:], torch.zeros(lengths[b] + width - 12, n * H)])
+                               for b in range(2)])
+            start = lengths + counts  # anchor position per row
+            ctx_pos = lengths[:, None] + torch.arange(width)
+            blk_pos = start[:, None] + torch.arange(q)
+            noise = torch.randn(2, q, H, generator=g)
+            out = model(torch.cat([ctx_pos, blk_pos], 1), noise, new, past_key_values=cache, context_lengths=counts)
+            for b in range(2):
+                L = int(start[b])
+                ref = model(torch.arange(L + q)[None], noise[b:b + 1], feats[b:b + 1, :L])
+                torch.testing.assert_close(out[b:b + 1], ref, rtol=1e-5, atol=1e-5)
+            lengths = start
+    assert cache.lengths.tolist() == [7, 7]
+
+
+def _sensitivity(model, change_ctx_at=None, change_blk_at=None):
+    pos, noise, th = _inputs(model.config, B=1, ctx=6, q=5, seed=9)
+    with torch.no_grad():
+        base = model(pos, noise, th)
+        noise2, th2 = noise.clone(), th.clone()
+        if change_blk_at is not None:
+            noise2[:, change_blk_at] += 1.0
+        if change_ctx_at is not None:
+            th2[:, change_ctx_at] += 1.0
+        return (model(pos, noise2, th2) - base).abs().amax(-1)[0]  # [q]
+
+
+def test_block_is_bidirectional_by_default_and_causal_when_configured():
+    cfg = tiny_draft_config()
+    model = randomize_(DFlash2DraftModel(cfg), seed=6).eval()
+    assert _sensitivity(model, change_blk_at=4)[0] > 0  # slot 0 sees slot 4
+    cfg_c = tiny_draft_config()
+    cfg_c.is_causal = True
+    causal = DFlash2DraftModel(cfg_c).eval()
+    causal.load_state_dict(model.state_dict())
+    diff = _sensitivity(causal, change_blk_at=3)
+    assert torch.all(diff[:3] == 0) and diff[3:].min() > 0
+
+
+def test_sliding_window_hides_far_context():
+    cfg = tiny_draft_config()
+    cfg.use_sliding_window, cfg.sliding_window = True, 4
+    cfg.layer_types = ["sliding_attention"] * 2
+    cfg.is_causal = False
+    model = randomize_(DFlash2DraftModel(cfg), seed=7).eval()
+    # block positions 6..10; context position 0 is >= 4 away from all of them, position 5 is not.
+    assert torch.all(_sensitivity(model, change_ctx_at=0) == 0)
+    assert _sensitivity(model, change_ctx_at=5)[0] > 0
