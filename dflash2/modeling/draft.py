@@ -29,6 +29,21 @@ from dflash2.modeling.conv import GroupedDynamicConv
 from dflash2.modeling.selector import CandidateSelector
 
 
+class FP32RotaryEmbedding(Qwen3RotaryEmbedding):
+    """RoPE whose inverse frequencies stay fp32 through `.to(dtype)`: a bf16-rounded table would
+    shift every angle, and a model cast to bf16 would then differ from the same weights loaded
+    in bf16 (HF keeps them fp32 on load)."""
+
+    def _apply(self, fn, recurse=True):
+        keep = {name: buf for name, buf in self.named_buffers(recurse=False)}
+        super()._apply(fn, recurse)
+        for name, buf in keep.items():
+            new = getattr(self, name)
+            if new.dtype != buf.dtype:
+                setattr(self, name, buf.to(new.device))
+        return self
+
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, heads, S, hd]; cos/sin [B, S, hd]."""
     cos, sin = cos[:, None], sin[:, None]
@@ -121,7 +136,7 @@ class DFlash2DraftModel(PreTrainedModel):
         self.hidden_norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
         self.layers = nn.ModuleList(DraftDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
-        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.rotary_emb = FP32RotaryEmbedding(config)
         self.candidate_selector = (
             CandidateSelector(H, config.vocab_size, config.selector_rank, config.initializer_range)
             if config.is_dflash2 else None
