@@ -176,3 +176,14 @@ def test_sliding_window_hides_far_context():
     # block positions 6..10; context position 0 is >= 4 away from all of them, position 5 is not.
     assert torch.all(_sensitivity(model, change_ctx_at=0) == 0)
     assert _sensitivity(model, change_ctx_at=5)[0] > 0
+
+
+def test_head_logits_apply_multiplier_then_softcap():
+    cfg = tiny_draft_config(output_multiplier=0.5, final_logit_softcapping=3.0)
+    model = DFlash2DraftModel(cfg)
+    head = torch.nn.Linear(64, 300, bias=False)
+    h = torch.randn(2, 3, 64) * 4
+    z = head(h).double() * 0.5
+    torch.testing.assert_close(model.head_logits(h, head).double(), 3.0 * torch.tanh(z / 3.0), rtol=1e-5, atol=1e-5)
+    plain = DFlash2DraftModel(tiny_draft_config())
+    assert torch.equal(plain.head_logits(h, head), head(h).float())

@@ -196,6 +196,19 @@ class DFlash2DraftModel(PreTrainedModel):
         emb = embed(block_tokens)
         return emb * scale if scale != 1.0 else emb
 
+    def head_logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
+        """Draft logits (spec 2.7): `softcap(output_multiplier * head(hidden))`, fp32.
+
+        Args:
+            hidden: `[..., H]` final-normed draft states.
+            head: the target's LM head (`TargetModel.head` or an `nn.Linear`).
+        Returns:
+            `[..., V]` fp32 logits; the softcap `s * tanh(z / s)` applies only when `s > 0`.
+        """
+        z = head(hidden).float() * self.config.output_multiplier
+        s = self.config.final_logit_softcapping
+        return s * torch.tanh(z / s) if s > 0 else z
+
     # ------------------------------------------------------------------ masks
     def _masks(self, pos_q, pos_k, valid_k, q, attention_mask):
         """Boolean masks `[B, 1, q, Kn]` (True = attend), one per distinct layer rule."""
