@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
 
-from dflash2.config import DFlash2Config
+import torch  # importing torch alone does not import triton
+
+# Triton picks its interpreter when `@triton.jit` runs, i.e. at import. Without CUDA compiled
+# Triton cannot run anyway, so turn the interpreter on before anything (transformers ->
+# torch._dynamo) imports triton: the kernel tests then run on CPU tensors.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from dflash2.config import DFlash2Config  # noqa: E402
 
 
 def tiny_draft_config(*, v2: bool = True, hidden: int = 64, layers: int = 2, vocab: int = 300,

@@ -1,0 +1,15 @@
+"""Fused inference kernels for DFlash2, each beside its PyTorch reference.
+
+One folder per op (``reference.py``: the obviously-right torch version, the CPU and autograd
+path; ``triton_kernels.py``: ``@triton.jit`` functions only; ``__init__.py``: the public function,
+its launcher and the dispatch on an already-resolved ``impl``):
+
+- ``dynamic_conv.grouped_dynamic_conv``: grouped dynamic causal conv, prepare / finish sides;
+- ``topk.vocab_topk``: top-k of the (multiplied, soft-capped) head logits, ties -> lowest id;
+- ``selector.transition_scores`` / ``selector.selector_walk``: candidate-selector edges and walk;
+- ``verify.verify_block``: greedy prefix match and sparse-q speculative sampling.
+
+``dispatch.resolve_impl`` turns ``"auto" | "torch" | "triton"`` into ``"torch" | "triton"`` once;
+``keyed_random`` is the counter-based RNG shared by references and kernels; ``python -m
+dflash2.kernels.bench`` times every kernel against its reference (docs/PERFORMANCE.md).
+"""

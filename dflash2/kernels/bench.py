@@ -1,0 +1,272 @@
+"""Benchmark the fused DFlash2 kernels against their torch references at Qwen3-8B shapes.
+
+    python -m dflash2.kernels.bench [--out table.md] [--batches 1 8 32] [--sweep]
+
+Per kernel and batch: the Triton time (median of CUDA-graph replays, so launch overhead is
+the GPU's, not Python's), the bytes it must move, GB/s and % of the measured HBM roofline (a
+device-to-device copy timed in the same run), and the speedup over the torch reference run
+eagerly and captured in a CUDA graph. Inputs rotate over several buffers (> L2 in total where
+memory allows) so repeated calls do not time the cache. Shapes: H 4096, V 151936, query block
+16 (N = 15 drafts), k 16 candidates, rank 256, conv K 2, g 16, bf16 activations/weights,
+fp32 target logits. ``--sweep`` also times alternative tilings (used to pick the defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+from collections.abc import Callable
+
+import torch
+
+from dflash2.kernels.dynamic_conv import _grouped_dynamic_conv_triton, grouped_dynamic_conv
+from dflash2.kernels.selector import selector_walk
+from dflash2.kernels.topk import _vocab_topk_triton, vocab_topk
+from dflash2.kernels.verify import _verify_block_triton, verify_block
+
+H, V, Q, K_CAND, RANK, TAPS, GROUP = 4096, 151936, 16, 16, 256, 2, 16
+N = Q - 1
+CONV_PER_STEP = 20  # 5 layers x 2 sublayers x (prepare + finish)
+ROTATE_BYTES = 256 << 20  # rotate inputs over at least this many bytes (L2 is 60 MB on H200)
+
+
+def _time_graph_us(fns: list[Callable[[], object]], reps: int) -> float:
+    """Median time of one call, from replays of a CUDA graph holding ``reps`` calls."""
+    import triton
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (compile, allocator) outside the capture
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            fns[i % len(fns)]()
+    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
+    del graph
+    return ms * 1e3 / reps
+
+
+def _time_eager_us(fns: list[Callable[[], object]]) -> float:
+    import triton
+
+    it = itertools.cycle(fns)
+    for fn in fns:
+        fn()
+    return triton.testing.do_bench(lambda: next(it)(), warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def _copy_bandwidth() -> float:
+    """HBM roofline in GB/s: a 1 GiB device-to-device copy, bytes read + written."""
+    import triton
+
+    src = torch.randn(1 << 28, device="cuda")  # 1 GiB fp32, random (not zeros)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+
+
+def _n_sets(bytes_per_call: int, cap: int) -> int:
+    return max(1, min(cap, math.ceil(ROTATE_BYTES / max(bytes_per_call, 1))))
+
+
+# Problem builders: each returns (triton_fns, torch_fns, bytes_per_call, shape_str).
+def conv_case(batch: int, tiling: tuple[int, int, int] | None = None):
+    dev, dt = "cuda", torch.bfloat16
+    g_count = H // GROUP
+    sets = [
+        (torch.randn(batch, Q, H, device=dev, dtype=dt),
+         torch.randn(batch, Q, 2 * TAPS * g_count, device=dev, dtype=dt))
+        for _ in range(CONV_PER_STEP)
+    ]
+    base = torch.randn(2, TAPS, H, device=dev, dtype=dt)
+    kw = {} if tiling is None else dict(zip(("block_t", "block_h", "num_warps"), tiling))
+    tri = [(lambda z=z, p=p: _grouped_dynamic_conv_triton(z, base, p, 1, Q, GROUP, **kw)) for z, p in sets]
+    ref = [(lambda z=z, p=p: grouped_dynamic_conv(z, base, p, 1, Q, GROUP, "torch")) for z, p in sets]
+    nbytes = 2 * (2 * batch * Q * H + batch * Q * TAPS * g_count + TAPS * H)
+    return tri, ref, nbytes, f"z[{batch},{Q},{H}] K{TAPS} g{GROUP}"
+
+
+def topk_case(batch: int, config: dict | None = None):
+    rows = Q * batch
+    nbytes = rows * V * 2
+    sets = [torch.randn(rows, V, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(_n_sets(nbytes, 32))]
+    tri = [(lambda x=x: _vocab_topk_triton(x, K_CAND, 1.0, 0.0, config)) for x in sets]
+    ref = [(lambda x=x: vocab_topk(x, K_CAND, impl="torch")) for x in sets]
+    base = [(lambda x=x: torch.topk(x, K_CAND, dim=-1)) for x in sets]
+    return tri, ref, base, nbytes, f"[{rows},{V}] bf16 k{K_CAND}"
+
+
+def walk_case(batch: int):
+    dev = "cuda"
+    a = torch.randn(V, RANK, device=dev, dtype=torch.bfloat16)
+    z = torch.randn(V, RANK, device=dev, dtype=torch.bfloat16)
+    unary = torch.randn(batch, N, K_CAND, device=dev)
+    cand = torch.randint(0, V, (batch, N, K_CAND), device=dev)
+    eta = torch.randn(batch, N, RANK, device=dev, dtype=torch.bfloat16)
+    anchor = torch.randint(0, V, (batch,), device=dev)
+    temp = torch.full((batch,), 0.8, device=dev)
+    seeds = torch.arange(batch, device=dev) + 11
+    pos = torch.full((batch,), 1000, device=dev)
+    args = (unary, cand, eta, a, z, anchor, temp, seeds, pos)
+    tri = [lambda: selector_walk(*args, impl="triton")]
+    ref = [lambda: selector_walk(*args, impl="torch")]
+    nbytes = batch * N * (2 * K_CAND * RANK * 2 + RANK * 2 + K_CAND * (4 + 8 + 4) + 16)
+    return tri, ref, nbytes, f"B{batch} N{N} k{K_CAND} R{RANK} V{V} T>0"
+
+
+def verify_case(batch: int, sampled: bool, block: int | None = None, num_warps: int | None = None):
+    dev = "cuda"
+    nbytes = batch * Q * V * 4
+    sets = []
+    for _ in range(_n_sets(nbytes, 16)):
+        logits = torch.randn(batch, Q, V, device=dev) * 3
+        draft = logits[:, :N].argmax(-1)
+        draft[:, N // 2 :] = 7  # reject about half-way
+        cand = torch.randint(0, V, (batch, N, K_CAND), device=dev)
+        cand[..., 0] = draft
+        q = torch.softmax(torch.randn(batch, N, K_CAND, device=dev), -1)
+        temp = torch.full((batch,), 1.0 if sampled else 0.0, device=dev)
+        seeds = torch.arange(batch, device=dev) * 3 + 1
+        pos = torch.full((batch,), 500, device=dev)
+        sets.append((logits, draft, cand, q, temp, seeds, pos))
+    kw = {} if block is None else {"block": block, "num_warps": num_warps}
+    tri = [(lambda s=s: _verify_block_triton(*s, **kw)) for s in sets]
+    ref = [(lambda s=s: verify_block(*s, impl="torch")) for s in sets]
+    return tri, ref, nbytes, f"[{batch},{Q},{V}] fp32 {'T=1' if sampled else 'T=0'}"
+
+
+def step_fns(batch: int, impl: str):
+    """All DFlash2-specific work of one step: 20 conv applications, top-K, walk, verify."""
+    conv_tri, conv_ref, _, _ = conv_case(batch)
+    tk = torch.randn(Q * batch, V, device="cuda", dtype=torch.bfloat16)
+    walk_tri, walk_ref, _, _ = walk_case(batch)
+    ver_tri, ver_ref, _, _ = verify_case(batch, sampled=True)
+    convs = conv_tri if impl == "triton" else conv_ref
+
+    def step():
+        for fn in convs:
+            fn()
+        vocab_topk(tk, K_CAND, impl=impl)
+        (walk_tri if impl == "triton" else walk_ref)[0]()
+        (ver_tri if impl == "triton" else ver_ref)[0]()
+
+    return step
+
+
+class Table:
+    def __init__(self, header: list[str]):
+        self.rows = [header, ["---"] * len(header)]
+
+    def add(self, *cells) -> None:
+        self.rows.append([c if isinstance(c, str) else f"{c:.1f}" if isinstance(c, float) else str(c) for c in cells])
+        print("| " + " | ".join(self.rows[-1]) + " |", flush=True)
+
+    def markdown(self) -> str:
+        return "\n".join("| " + " | ".join(r) + " |" for r in self.rows)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", help="also write the markdown tables here")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--sweep", action="store_true", help="also time alternative tilings")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("dflash2.kernels.bench needs a CUDA device")
+    import triton
+
+    torch.manual_seed(0)
+    bw = _copy_bandwidth()
+    head = (
+        f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | "
+        f"HBM roofline (1 GiB D2D copy, read+write) {bw:.0f} GB/s"
+    )
+    print(head, flush=True)
+    out = [f"### Kernel benchmark\n\n{head}\n"]
+    tab = Table(["kernel", "batch", "shape", "MB moved", "triton us", "GB/s", "% roofline",
+                 "ref eager us", "ref graph us", "x eager", "x graph"])
+
+    def row(name, batch, shape, nbytes, tri, ref, reps=20):
+        t = _time_graph_us(tri, max(reps, len(tri)))
+        re = _time_eager_us(ref)
+        rg = _time_graph_us(ref, max(reps, len(ref)))
+        gbs = nbytes / (t * 1e-6) / 1e9
+        tab.add(name, batch, shape, nbytes / 1e6, t, gbs, 100 * gbs / bw, re, rg, re / t, rg / t)
+        return t
+
+    step_rows = []
+    for batch in args.batches:
+        tri, ref, nbytes, shape = conv_case(batch)
+        row("dynamic_conv (1 application)", batch, shape, nbytes, tri, ref)
+        tri, ref, base, nbytes, shape = topk_case(batch)
+        t = row("vocab_topk", batch, shape, nbytes, tri, ref)
+        be, bg = _time_eager_us(base), _time_graph_us(base, max(20, len(base)))
+        tab.add("  torch.topk baseline (bf16)", batch, shape, nbytes / 1e6, t, nbytes / (t * 1e-6) / 1e9,
+                100 * nbytes / (t * 1e-6) / 1e9 / bw, be, bg, be / t, bg / t)
+        tri, ref, nbytes, shape = walk_case(batch)
+        row("selector_walk", batch, shape, nbytes, tri, ref, reps=10)
+        for sampled in (False, True):
+            tri, ref, nbytes, shape = verify_case(batch, sampled)
+            row("verify_block", batch, shape, nbytes, tri, ref, reps=10)
+        st = _time_graph_us([step_fns(batch, "triton")], 3)
+        sr = _time_graph_us([step_fns(batch, "torch")], 3)
+        step_rows.append((batch, st, sr))
+        torch.cuda.empty_cache()
+    out.append(tab.markdown())
+
+    steps = Table(["batch", "DFlash2 step work, triton us (graph)", "torch reference us (graph)", "speedup"])
+    print("\nOne step of DFlash2-specific work (20 conv + top-K [16B, V] + walk + verify T=1):")
+    for batch, st, sr in step_rows:
+        steps.add(batch, st, sr, sr / st)
+    out.append("\nOne step of DFlash2-specific work (20 conv applications + top-16 over [16B, V] + walk + "
+               "verify at T=1), CUDA graph:\n\n" + steps.markdown())
+
+    try:
+        import flashinfer  # noqa: F401
+
+        out.append("\nflashinfer is importable but not wired in (its tie order is not our contract).")
+    except ImportError:
+        out.append("\nflashinfer: not installed (FlashInfer top-k not timed).")
+
+    if args.sweep:
+        out.append(_sweeps(args.batches, bw))
+    text = "\n".join(out) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    return text
+
+
+def _sweeps(batches: list[int], bw: float) -> str:
+    parts = ["\n#### Tiling sweeps (triton us, CUDA graph)\n"]
+    tab = Table(["kernel", "batch", "config", "us", "% roofline"])
+    for batch in batches:
+        for groups, warps, merge_warps in ((256, 2, 4), (256, 1, 4), (512, 1, 4), (512, 2, 4), (256, 2, 1), (128, 1, 1)):
+            cfg = {"groups": groups, "num_warps": warps, "merge_warps": merge_warps}
+            tri, _, _, nbytes, _ = topk_case(batch, cfg)
+            t = _time_graph_us(tri, max(20, len(tri)))
+            tab.add("vocab_topk", batch, f"groups {groups} warps {warps} merge warps {merge_warps}", t,
+                    100 * nbytes / (t * 1e-6) / 1e9 / bw)
+        for sampled in (False, True):
+            for block, warps in ((2048, 4), (4096, 8), (8192, 8)):
+                tri, _, nbytes, _ = verify_case(batch, sampled, block, warps)
+                t = _time_graph_us(tri, max(10, len(tri)))
+                tab.add("verify_block", batch, f"T={int(sampled)} block {block} warps {warps}", t,
+                        100 * nbytes / (t * 1e-6) / 1e9 / bw)
+        for tiling in ((16, 64, 4), (16, 64, 2), (8, 128, 4), (4, 256, 4), (2, 512, 4), (16, 256, 8)):
+            tri, _, nbytes, _ = conv_case(batch, tiling)
+            t = _time_graph_us(tri, 20)
+            tab.add("dynamic_conv", batch, "block_t {} block_h {} warps {}".format(*tiling), t,
+                    100 * nbytes / (t * 1e-6) / 1e9 / bw)
+        torch.cuda.empty_cache()
+    parts.append(tab.markdown())
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Grouped dynamic depthwise causal conv of DFlash2 (spec 4.2-4.3): prepare / finish sides."""
+
+from __future__ import annotations
+
+import torch
+
+from dflash2.kernels.dynamic_conv.reference import grouped_dynamic_conv_reference
+
+try:
+    from dflash2.kernels.dynamic_conv import triton_kernels as _tk
+except ImportError:  # triton missing: only impl="torch" works (resolve_impl says so)
+    _tk = None
+
+__all__ = ["grouped_dynamic_conv", "grouped_dynamic_conv_reference"]
+
+# Tile: 4 tokens x 256 channels, 4 warps (8 elements a thread): fastest or tied at batch 1/8/32
+# in the H200 sweep of docs/PERFORMANCE.md (more, smaller programs hide the load latency).
+_BLOCK_T = 4
+_BLOCK_H = 256
+
+
+def _check(z: torch.Tensor, base: torch.Tensor, proj: torch.Tensor, side: int, block_len: int, group_size: int) -> None:
+    if z.dim() != 3:
+        raise ValueError(f"z must be [B, T, H], got {tuple(z.shape)}")
+    bsz, seq, hidden = z.shape
+    if base.dim() != 3 or base.shape[0] != 2 or base.shape[2] != hidden:
+        raise ValueError(f"base must be [2, K, H={hidden}], got {tuple(base.shape)}")
+    if group_size <= 0 or hidden % group_size != 0:
+        raise ValueError(f"group_size {group_size} must divide H={hidden}")
+    taps = base.shape[1]
+    groups = hidden // group_size
+    if tuple(proj.shape) != (bsz, seq, 2 * taps * groups):
+        raise ValueError(f"proj must be [B, T, 2*K*G] = {(bsz, seq, 2 * taps * groups)}, got {tuple(proj.shape)}")
+    if side not in (0, 1):
+        raise ValueError(f"side must be 0 (prepare) or 1 (finish), got {side}")
+    if block_len <= 0 or seq % block_len != 0:
+        raise ValueError(f"T={seq} must be a multiple of block_len={block_len}")
+
+
+def _grouped_dynamic_conv_triton(
+    z: torch.Tensor,
+    base: torch.Tensor,
+    proj: torch.Tensor,
+    side: int,
+    block_len: int,
+    group_size: int,
+    block_h: int = _BLOCK_H,
+    num_warps: int = 4,
+    block_t: int = _BLOCK_T,
+) -> torch.Tensor:
+    if torch.is_grad_enabled() and (z.requires_grad or base.requires_grad or proj.requires_grad):
+        raise RuntimeError(
+            "grouped_dynamic_conv(impl='triton') is forward-only and refuses inputs that require "
+            "grad while autograd is recording; train with impl='torch' or call it under "
+            "torch.no_grad() / torch.inference_mode()."
+        )
+    bsz, seq, hidden = z.shape
+    taps = base.shape[1]
+    out = torch.empty_like(z)
+    if z.numel() == 0:
+        return out
+    grid = (_cdiv(seq, block_t), _cdiv(hidden, block_h), bsz)
+    _tk._grouped_dynamic_conv_fwd[grid](
+        z, base, proj, out,
+        seq, hidden, block_len, side,
+        *z.stride(), *base.stride(), *proj.stride(), *out.stride(),
+        K=taps, G=hidden // group_size, GROUP=group_size,
+        BLOCK_T=block_t, BLOCK_H=block_h, num_warps=num_warps,
+    )
+    return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def grouped_dynamic_conv(
+    z: torch.Tensor,
+    base: torch.Tensor,
+    proj: torch.Tensor,
+    side: int,
+    block_len: int,
+    group_size: int,
+    impl: str,
+) -> torch.Tensor:
+    """One application (prepare or finish) of the grouped dynamic causal conv.
+
+    ``out[b,i,c] = sum_t [i mod block_len >= t] (base[side,t,c] + proj[b,i,side*K*G + t*G + c//g]) z[b,i-t,c]``
+
+    Args:
+        z: ``[B, T, H]`` input (the normed sublayer input for side 0, its output for side 1).
+        base: ``[2, K, H]`` the ``base_kernel`` parameter (axis 0 = side, axis 1 = tap).
+        proj: ``[B, T, 2*K*G]`` the ``kernel_projection`` output, flat row index
+            ``side*K*G + t*G + group`` with ``G = H / group_size``.
+        side: 0 (prepare) or 1 (finish).
+        block_len: conv block length; ``T % block_len == 0``; taps never cross a block boundary.
+        group_size: channels per kernel group ``g`` (must divide ``H``).
+        impl: ``"torch"`` (differentiable reference) or ``"triton"`` (forward only; refuses
+            inputs that require grad while grad mode is on), already resolved by
+            :func:`dflash2.kernels.dispatch.resolve_impl`.
+
+    Returns:
+        ``[B, T, H]`` in ``z.dtype``, accumulated in fp32.
+    """
+    _check(z, base, proj, side, block_len, group_size)
+    if impl == "torch":
+        return grouped_dynamic_conv_reference(z, base, proj, side, block_len, group_size)
+    if impl == "triton":
+        if _tk is None:
+            raise RuntimeError("impl='triton' needs the 'triton' package (`pip install triton`).")
+        return _grouped_dynamic_conv_triton(z, base, proj, side, block_len, group_size)
+    raise ValueError(f"impl must be resolved to 'torch' or 'triton', got {impl!r}")

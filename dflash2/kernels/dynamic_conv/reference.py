@@ -1,0 +1,41 @@
+"""Grouped dynamic depthwise causal conv (spec section 4.2): obviously-right PyTorch.
+
+    out[b, i, c] = sum_{t < K} [i mod L >= t] * (base[side, t, c] + proj[b, i, side, t, c // g])
+                                              * z[b, i - t, c]
+
+This is the CPU path and the training (autograd) path; it accumulates in fp32 (fp64 for fp64
+inputs, which the tests use as ground truth) and returns ``z.dtype``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def grouped_dynamic_conv_reference(
+    z: torch.Tensor,
+    base: torch.Tensor,
+    proj: torch.Tensor,
+    side: int,
+    block_len: int,
+    group_size: int,
+) -> torch.Tensor:
+    """Differentiable reference of :func:`dflash2.kernels.dynamic_conv.grouped_dynamic_conv`."""
+    bsz, seq, hidden = z.shape
+    taps = base.shape[1]
+    groups = hidden // group_size
+    acc = torch.promote_types(z.dtype, torch.float32)
+    # this side's per-token kernel offsets, one per group: [B, T, K, G, 1]
+    delta = proj.reshape(bsz, seq, 2, taps, groups)[:, :, side].to(acc).unsqueeze(-1)
+    weight = base[side].to(acc)  # [K, H]
+    zf = z.to(acc)
+    in_block = torch.arange(seq, device=z.device) % block_len  # [T]
+    out = torch.zeros_like(zf)
+    for t in range(taps):
+        shifted = F.pad(zf, (0, 0, t, 0))[:, :seq]  # z[b, i - t, c], zero for i < t
+        keep = (in_block >= t).to(acc)[None, :, None]  # taps never cross a block boundary
+        # (base[t, c] + delta[b, i, t, c // g]) * z[b, i - t, c], with channels viewed [G, g]
+        term = weight[t] * shifted + (delta[:, :, t] * shifted.view(bsz, seq, groups, group_size)).view(bsz, seq, hidden)
+        out = out + keep * term
+    return out.to(z.dtype)
