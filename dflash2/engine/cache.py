@@ -1,0 +1,232 @@
+"""Static, per-row target KV cache and the attention function that reads it.
+
+The target runs as stock transformers modules; the engine owns its cache and its attention
+through transformers' public extension points:
+
+- `StaticTargetCache` is a `transformers.Cache` whose layers (`RowStaticLayer`) hold static
+  buffers `[B, nkv, S_max, hd]`. Key/value slot `j` of row `b` always holds absolute position
+  `j` of that row, so rows of different lengths share one buffer without padding tricks.
+  Before each forward the engine calls `cache.prepare(positions)`; every layer then scatters
+  its new K/V at `positions[b, i]`. Rolling back rejected tokens is only
+  `cache.lengths[b] = committed_b`: slots past the length are overwritten before they are
+  ever read again, because a query only sees slots up to its own position.
+- `row_attention` is registered in `transformers.AttentionInterface` as `"dfl2_row_static"`.
+  It masks per row: key slot `j` is visible to query `i` of row `b` iff
+  `j <= positions[b, i]` (= `len_b + i`), and, on a sliding layer with window `W`, also
+  `j > positions[b, i] - W` (the HF sliding-window convention). The positions come from the
+  `position_ids` kwarg, which stock Qwen3/Llama decoder layers forward to the attention
+  function. We deliberately do *not* register a mask function in `AttentionMaskInterface`:
+  for an implementation name missing there, `masking_utils` returns no mask at all
+  (`_preprocess_mask_arguments` early exit), so HF never builds a `[B, 1, q, kv]` mask of
+  its own and the cache's `get_mask_sizes` is never consulted.
+
+`static_attention(model)` switches a model to this attention for the duration of a
+`with` block (via `set_attn_implementation`) and restores the previous implementation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+# The name must not contain "flash": transformers treats any such name as a FlashAttention
+# kernel request (`is_flash_attention_requested` is a substring test) and tries to load it.
+ATTN_IMPLEMENTATION = "dfl2_row_static"
+
+
+class _RowState:
+    """State shared by every layer of one `StaticTargetCache` (set once per forward)."""
+
+    def __init__(self, batch_size: int, max_len: int, device: torch.device):
+        self.max_len = max_len
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] committed K/V per row
+        self.positions: torch.Tensor | None = None  # [B, q] write slots of the current forward
+        self.kv_len = max_len  # slots handed to attention: buffer[..., :kv_len]
+
+
+class RowStaticLayer(CacheLayerMixin):
+    """One layer's static K/V buffers `[B, nkv, S_max, hd]`; writes at per-row positions."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, state: _RowState, sliding_window: int | None = None):
+        super().__init__()
+        self.state = state
+        self.max_cache_len = state.max_len
+        # The buffer always keeps every position (the window is applied by the mask), so the
+        # layer is not "sliding" in HF's storage sense even on a sliding-attention layer.
+        self.sliding_window = sliding_window
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        b, nkv = key_states.shape[:2]
+        s = self.max_cache_len
+        self.keys = torch.zeros(b, nkv, s, key_states.shape[-1], dtype=self.dtype, device=self.device)
+        self.values = torch.zeros(b, nkv, s, value_states.shape[-1], dtype=self.dtype, device=self.device)
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scatter `key_states/value_states [B, nkv, q, hd]` at `state.positions [B, q]`."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        pos = self.state.positions
+        if pos is None or pos.shape != (key_states.shape[0], key_states.shape[2]):
+            raise RuntimeError(
+                "StaticTargetCache.prepare(positions) must be called with positions [B, q] matching the "
+                f"forward's keys {tuple(key_states.shape)} before running the model"
+            )
+        b, nkv, q, _ = key_states.shape
+        idx = pos[:, None, :, None].expand(b, nkv, q, self.keys.shape[-1])  # [B, nkv, q, hd]
+        self.keys.scatter_(2, idx, key_states.to(self.dtype))
+        idx_v = pos[:, None, :, None].expand(b, nkv, q, self.values.shape[-1])
+        self.values.scatter_(2, idx_v, value_states.to(self.dtype))
+        n = self.state.kv_len
+        return self.keys[:, :, :n], self.values[:, :, :n]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.state.kv_len, 0
+
+    def get_seq_length(self) -> int:
+        # HF only asks this to invent position ids; the engine always passes its own.
+        return int(self.state.lengths.max()) if self.state.lengths.numel() else 0
+
+    def get_max_length(self) -> int:
+        return self.max_cache_len
+
+    def reset(self) -> None:
+        if self.is_initialized:
+            self.keys.zero_()
+            self.values.zero_()
+
+
+class StaticTargetCache(Cache):
+    """Engine-owned target cache: static buffers, per-row lengths, rollback = set lengths.
+
+    Args:
+        config: the target's HF config (`num_hidden_layers`, `layer_types`, `sliding_window`,
+            `num_key_value_heads`, `head_dim`).
+        batch_size: rows `B`.
+        max_len: slots per row `S_max` (prompt + generated + one block of slack).
+        dtype, device: buffer dtype/device (the target's).
+    """
+
+    def __init__(self, config, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device | str):
+        device = torch.device(device)
+        self.state = _RowState(batch_size, max_len, device)
+        n_layers = config.num_hidden_layers
+        layer_types = getattr(config, "layer_types", None) or ["full_attention"] * n_layers
+        window = getattr(config, "sliding_window", None)
+        layers = [
+            RowStaticLayer(self.state, window if t == "sliding_attention" else None) for t in layer_types[:n_layers]
+        ]
+        super().__init__(layers=layers)
+        nkv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.early_initialization(batch_size, nkv, hd, dtype, device)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """`[B]` int64: committed K/V slots per row (writable in place)."""
+        return self.state.lengths
+
+    @property
+    def max_len(self) -> int:
+        return self.state.max_len
+
+    def prepare(self, positions: torch.Tensor, kv_len: int | None = None) -> None:
+        """Set the write slots `positions [B, q]` of the next forward.
+
+        `kv_len` (host int, default `S_max`) bounds the key slots handed to attention; it must
+        exceed every position written or read. A fixed `S_max` keeps shapes static (graph
+        capture); a tighter bound is cheaper in eager mode.
+        """
+        self.state.positions = positions
+        self.state.kv_len = self.state.max_len if kv_len is None else min(int(kv_len), self.state.max_len)
+
+    def set_lengths(self, lengths: torch.Tensor) -> None:
+        """Commit/rollback: row `b` keeps slots `< lengths[b]` (no data moves)."""
+        self.state.lengths.copy_(lengths)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[0].get_seq_length() if self.layers else 0
+
+
+def row_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    position_ids: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Per-row masked attention over the static cache (registered as `"dfl2_row_static"`).
+
+    Args:
+        query: `[B, nh, q, hd]`; key/value: `[B, nkv, kv, hd]` (the cache buffers, slot = position).
+        attention_mask: must be None (no mask function is registered for this implementation).
+        sliding_window: the layer's window (Qwen3 passes it; else `module.sliding_window`).
+        position_ids: `[B, q]` (or `[1, q]`) absolute positions of the queries.
+
+    Returns:
+        `([B, q, nh, hd], None)`, like the stock attention functions.
+    """
+    if position_ids is None:
+        raise RuntimeError(
+            f"{ATTN_IMPLEMENTATION} attention needs `position_ids` in the attention kwargs; this model's "
+            "decoder layers do not forward them (supported: Qwen3 and Llama families)"
+        )
+    if attention_mask is not None:
+        raise RuntimeError(f"{ATTN_IMPLEMENTATION} builds its own per-row mask; got an HF mask as well")
+    b, nh, q, _ = query.shape
+    kv = key.shape[2]
+    pos = position_ids.to(query.device).expand(b, q)[:, :, None]  # [B, q, 1]
+    slots = torch.arange(kv, device=query.device)[None, None, :]  # [1, 1, kv]
+    visible = slots <= pos  # [B, q, kv]
+    window = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
+    if window:
+        visible = visible & (slots > pos - window)
+    nkv = key.shape[1]
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=visible[:, None],  # [B, 1, q, kv]
+        dropout_p=dropout if module.training else 0.0,
+        scale=scaling,
+        enable_gqa=nh != nkv,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, row_attention)
+
+
+@contextlib.contextmanager
+def static_attention(model) -> Iterator[None]:
+    """Run `model` (an HF `PreTrainedModel`) with `"dfl2_row_static"` attention inside the block."""
+    previous = model.config._attn_implementation
+    if previous == ATTN_IMPLEMENTATION:
+        yield
+        return
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    if model.config._attn_implementation != ATTN_IMPLEMENTATION:
+        raise RuntimeError(
+            f"{type(model).__name__} refused attn_implementation={ATTN_IMPLEMENTATION!r}; the engine needs a "
+            "model whose attention goes through transformers' AttentionInterface"
+        )
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)

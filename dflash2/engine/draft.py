@@ -1,0 +1,128 @@
+"""Drafting half of a speculative step: draft forward, unary top-k, selector walk.
+
+    h       = draft([anchor, mask x N], new context features)        [B, 1+N, H]
+    logits  = target.head(h[:, 1:])                                  [B, N, V]
+    (U, C)  = vocab_topk(logits, k, output_multiplier, softcap)      [B, N, k] fp32 / int64
+    DFlash2:  eta = W_h h[:, 1:];  (d, _, q) = selector_walk(U, C, eta, A, Z, anchor, T, ...)
+    v1:       d = C[..., 0] (per-slot argmax), q = one-hot (k = 1)    (z-lab#169, spec 8)
+
+The engine talks to a drafter only through `propose(DraftStep) -> Proposal`, so tests can
+plug in other proposers (an oracle that proposes the target's own tokens) and exercise the
+same accept/commit bookkeeping. `Proposal.q[b, j]` must be the true law that drew
+`tokens[b, j]` given the drafted prefix; verification is lossless only under that condition.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from dflash2.kernels.selector import selector_walk
+from dflash2.kernels.topk import vocab_topk
+from dflash2.engine.sampling import invalid_rows
+
+
+@dataclass
+class DraftStep:
+    """Inputs of one drafting step (all on the target's device).
+
+    Attributes:
+        anchor: `[B]` last committed token (slot 0 of the block).
+        start: `[B]` absolute position of the anchor (= committed length before it).
+        context: `[B, c, n*H]` target features of the tokens committed since the last step
+            (the whole prompt at the first step); entries past `context_counts` are padding.
+        context_positions: `[B, c]` absolute positions of those entries.
+        context_counts: `[B]` valid entries per row (0 for finished rows).
+        temperature: `[B]` fp32 (0 = greedy row).
+        seeds: `[B]` int64 per-row seeds (draft stream noise is keyed by them).
+        tokens: `[B, S]` committed tokens so far (row b valid through `start[b]`).
+        num_speculative_tokens: `N`.
+    """
+
+    anchor: torch.Tensor
+    start: torch.Tensor
+    context: torch.Tensor
+    context_positions: torch.Tensor
+    context_counts: torch.Tensor
+    temperature: torch.Tensor
+    seeds: torch.Tensor
+    tokens: torch.Tensor
+    num_speculative_tokens: int
+
+
+@dataclass
+class Proposal:
+    """`tokens [B, N]`, their candidate ids `cand_ids [B, N, k]` and fp32 proposal law
+    `q [B, N, k]` over those candidates; `invalid [B]` flags rows whose draft logits were
+    NaN/+inf/all -inf (None = not checked); seconds spent drafting and selecting."""
+
+    tokens: torch.Tensor
+    cand_ids: torch.Tensor
+    q: torch.Tensor
+    invalid: torch.Tensor | None = None
+    draft_s: float = 0.0
+    select_s: float = 0.0
+
+
+class DFlash2Proposer:
+    """Drives a `DFlash2DraftModel` (v2, or v1 when `draft.selector_enabled` is False).
+
+    Owns the draft's `DraftContextCache` (one per `speculative_generate` call).
+
+    Args:
+        draft: the draft model.
+        target: the `TargetModel` (its embedding table and LM head are the draft's).
+        batch_size, max_len: cache rows and slots per row.
+        impl: kernel implementation, already resolved (`"torch"` or `"triton"`).
+        clock: returns a wall-clock reading, synchronizing the device first when timing.
+    """
+
+    def __init__(self, draft, target, batch_size: int, max_len: int, impl: str, clock: Callable[[], float] = time.perf_counter):
+        self.draft, self.target, self.impl, self.clock = draft, target, impl, clock
+        self.cache = draft.new_cache(batch_size, max_len)
+        cfg = draft.config
+        self.mask_token_id = int(cfg.mask_token_id)
+        self.multiplier = float(cfg.output_multiplier)
+        self.softcap = float(cfg.final_logit_softcapping)
+        self.selector = draft.candidate_selector if draft.selector_enabled else None
+        self.top_k = int(cfg.selector_top_k) if self.selector is not None else 1
+
+    def propose(self, step: DraftStep) -> Proposal:
+        n = step.num_speculative_tokens
+        b = step.anchor.shape[0]
+        dev = step.anchor.device
+        t0 = self.clock()
+        block = torch.full((b, 1 + n), self.mask_token_id, dtype=torch.long, device=dev)
+        block[:, 0] = step.anchor
+        block_pos = step.start[:, None] + torch.arange(1 + n, device=dev)  # [B, 1+N]
+        noise = self.draft.noise_embedding(self.target.embed, block)  # [B, 1+N, H]
+        hidden = self.draft(
+            position_ids=torch.cat([step.context_positions, block_pos], dim=1),
+            noise_embedding=noise,
+            target_hidden=step.context.to(noise.dtype),
+            past_key_values=self.cache,
+            use_cache=True,
+            context_lengths=step.context_counts,
+        )[:, 1:]  # [B, N, H]: slot j predicts position start + j
+        t1 = self.clock()
+        logits = self.target.head(hidden)  # [B, N, V]
+        invalid = invalid_rows(logits)
+        values, ids = vocab_topk(logits.reshape(b * n, -1), self.top_k, multiplier=self.multiplier,
+                                 softcap=self.softcap, impl=self.impl)
+        values, ids = values.view(b, n, -1), ids.view(b, n, -1)  # [B, N, k]
+        if self.selector is None:
+            # v1: per-slot argmax, one-hot q (independent per-slot sampling would be incoherent).
+            tokens, cand_ids = ids[..., 0], ids[..., :1]
+            q = torch.ones(b, n, 1, dtype=torch.float32, device=dev)
+        else:
+            eta = self.selector.gate(hidden)  # [B, N, R]
+            tokens, _chosen, q = selector_walk(
+                values, ids, eta, self.selector.predecessor_codebook, self.selector.successor_codebook,
+                step.anchor, step.temperature, step.seeds, step.start + 1, impl=self.impl,
+            )
+            cand_ids = ids
+        t2 = self.clock()
+        return Proposal(tokens, cand_ids, q, invalid, draft_s=t1 - t0, select_s=t2 - t1)

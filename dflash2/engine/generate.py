@@ -1,0 +1,296 @@
+"""`speculative_generate`: lossless DFlash2 speculative decoding, greedy or sampled, batched.
+
+One loop serves both arms. Per step, for every row b (static shapes, per-row lengths):
+
+    anchor = last committed token, at position start_b (= committed K/V length)
+    N > 0:  (d, cand, q) = propose(anchor, new context features)         draft + select
+    logits = target([anchor, d_1..d_N] at start_b .. start_b+N)            verify
+    (acc_b, x_b) = verify_block(filter(logits), d, cand, q, T, seed_b, start_b + 1)
+    commit d_1..d_acc, x  ->  start_b += acc_b + 1 (target rollback = set the row length)
+    next context = target features of block rows 0..acc_b (the committed tokens)
+
+With `draft=None` or `num_speculative_tokens=0` the block is the anchor alone and
+`verify_block` reduces to sampling (or argmax) from the target: the autoregressive baseline,
+through the same code. The token after the prompt comes from the prefill logits by the same
+`verify_block` call with N = 0, so AR and speculative runs share every sampling rule.
+
+Stopping is per row: `max_new_tokens` caps each row, and a stop token inside an accepted run
+truncates the row right after it. Finished rows keep riding along in the batch (static
+shapes) but commit nothing. The loop syncs with the host once per step (accepted counts and
+finished flags); the step body itself has no host syncs besides the draft cache's capacity
+check, so it can be graph-captured later with a fixed `kv_len`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dflash2.engine.cache import StaticTargetCache, static_attention
+from dflash2.engine.draft import DFlash2Proposer, DraftStep, Proposal
+from dflash2.engine.sampling import filter_logits, invalid_rows, row_seeds
+from dflash2.engine.stats import StepTimes, summarize
+from dflash2.kernels.dispatch import resolve_impl
+from dflash2.kernels.verify import verify_block
+from dflash2.target import TargetModel, as_target
+
+
+@dataclass
+class SpeculativeOutput:
+    """Result of `speculative_generate`.
+
+    Attributes:
+        sequences: per row, prompt + generated tokens (1-D int64, CPU).
+        accepted: per row, per step, accepted draft tokens (0..N; all 0 for AR).
+        prompt_lengths: per row.
+        finish_reasons: per row, `"stop"` (a stop token was emitted) or `"length"`.
+        num_speculative_tokens: N used.
+        times: wall times per step (see `StepTimes`).
+    """
+
+    sequences: list[torch.Tensor]
+    accepted: list[list[int]]
+    prompt_lengths: list[int]
+    finish_reasons: list[str]
+    num_speculative_tokens: int
+    times: StepTimes = field(default_factory=StepTimes)
+
+    @property
+    def generated(self) -> list[torch.Tensor]:
+        """Per row, the generated tokens only."""
+        return [s[p:] for s, p in zip(self.sequences, self.prompt_lengths)]
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.times.summary()
+
+    def stats(self) -> dict:
+        """tau (pooled and per-request mean, both including the bonus), per-position
+        acceptance and accepted-length histogram; see `dflash2.engine.stats`."""
+        return summarize(self.accepted, self.num_speculative_tokens)
+
+
+def _as_rows(input_ids) -> list[torch.Tensor]:
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() == 1:
+            return [input_ids.long()]
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, P] or a list of 1-D prompts; got shape {tuple(input_ids.shape)}")
+        return [r.long() for r in input_ids]
+    rows = [torch.as_tensor(r, dtype=torch.long).reshape(-1) for r in input_ids]
+    if not rows:
+        raise ValueError("input_ids is empty")
+    return rows
+
+
+def _stop_tensor(stop_token_ids, device) -> torch.Tensor | None:
+    if stop_token_ids is None:
+        return None
+    ids = [stop_token_ids] if isinstance(stop_token_ids, int) else list(stop_token_ids)
+    return torch.tensor(ids, dtype=torch.long, device=device) if ids else None
+
+
+def _check_valid(bad: list[bool], what: str, step: int) -> None:
+    rows = [i for i, x in enumerate(bad) if x]
+    if rows:
+        raise ValueError(
+            f"{what} at step {step} for rows {rows} contain NaN, +inf or no finite entry; refusing to emit "
+            "tokens from them (check the model's dtype/weights, or the inputs of those rows)"
+        )
+
+
+@torch.no_grad()
+def speculative_generate(
+    target,
+    draft,
+    input_ids,
+    *,
+    max_new_tokens: int,
+    num_speculative_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop_token_ids: int | Sequence[int] | None = None,
+    impl: str = "auto",
+    timing: bool = False,
+) -> SpeculativeOutput:
+    """Generate with DFlash2 speculative decoding (or the AR baseline), losslessly.
+
+    Args:
+        target: a `TargetModel` or a plain HF causal LM (Qwen3 / Llama families).
+        draft: a `DFlash2DraftModel` (v1 or v2 checkpoint), any proposer with
+            `propose(DraftStep) -> Proposal` plus `block_size` and `target_layer_ids`
+            attributes, or None for the AR baseline.
+        input_ids: `[B, P]` tensor, or a list of 1-D tensors/lists (prompts may differ in length).
+        max_new_tokens: cap on generated tokens per row.
+        num_speculative_tokens: N in 0..block_size-1 (default block_size - 1; 0 = AR).
+        temperature: 0 = greedy; > 0 samples (p shaped by T, top-k, top-p; q by T only).
+        top_p, top_k: target-side filters (1.0 / 0 = off); ignored when greedy.
+        seed: base seed; row b uses `row_seed(seed, b)`. None draws one from torch's RNG.
+        stop_token_ids: tokens that end a row (the stop token is kept in the output).
+        impl: kernel implementation, `"auto" | "torch" | "triton"`, resolved once here.
+        timing: synchronize the device before each phase reading (accurate, slower).
+    Returns:
+        `SpeculativeOutput`.
+    """
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0 or not (0.0 < top_p <= 1.0) or top_k < 0:
+        raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}")
+    proposer_like = draft is not None and hasattr(draft, "propose")
+    if draft is None or num_speculative_tokens == 0:
+        n_spec, draft = 0, None
+    else:
+        limit = int(draft.block_size) - 1
+        n_spec = limit if num_speculative_tokens is None else int(num_speculative_tokens)
+        if not 0 <= n_spec <= limit:
+            raise ValueError(
+                f"num_speculative_tokens={n_spec} is outside 0..block_size-1 = 0..{limit}: the draft was trained "
+                f"on blocks of {limit + 1} (anchor + {limit} mask slots)"
+            )
+    tgt: TargetModel = as_target(target)
+    layer_ids = list(draft.target_layer_ids if proposer_like else draft.config.target_layer_ids) if draft else []
+    if draft is not None and not proposer_like:
+        tgt.check_compatible(draft.config)
+
+    device = tgt.device
+    rows = _as_rows(input_ids)
+    if any(r.numel() == 0 for r in rows):
+        raise ValueError("every prompt needs at least one token")
+    bsz = len(rows)
+    plens = torch.tensor([r.numel() for r in rows], dtype=torch.long, device=device)
+    plen_host = [r.numel() for r in rows]
+    p_max = max(plen_host)
+    if max_new_tokens == 0:
+        return SpeculativeOutput([r.cpu() for r in rows], [[] for _ in rows], plen_host, ["length"] * bsz, n_spec)
+
+    impl = resolve_impl(impl, device)
+    sync = timing and device.type == "cuda"
+
+    def clock() -> float:
+        if sync:
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    # Slots: prompt + max_new_tokens; the last block written reaches start + N <= P + max_new - 2 + N.
+    max_len = p_max + max_new_tokens + n_spec + 1
+    trash = max_len  # a column of `tokens` that absorbs masked writes
+    tokens = torch.zeros(bsz, max_len + 1, dtype=torch.long, device=device)
+    for b, r in enumerate(rows):
+        tokens[b, : r.numel()] = r.to(device)
+    temps = torch.full((bsz,), float(temperature), dtype=torch.float32, device=device)
+    seeds = row_seeds(seed, bsz, device)
+    stops = _stop_tensor(stop_token_ids, device)
+    sampled = temperature > 0
+
+    def target_probs_input(logits: torch.Tensor) -> torch.Tensor:
+        return filter_logits(logits, temps, top_k, top_p) if sampled else logits.float()
+
+    if draft is None:
+        proposer = None
+    elif proposer_like:
+        proposer = draft
+    else:
+        if hasattr(draft, "set_kernel_impl"):
+            draft.set_kernel_impl(impl)
+        proposer = DFlash2Proposer(draft, tgt, bsz, max_len, impl, clock)
+    cache = StaticTargetCache(tgt.config, bsz, max_len, tgt.dtype, device)
+    times = StepTimes(synchronized=sync)
+    accepted: list[list[int]] = [[] for _ in range(bsz)]
+    arange_blk = torch.arange(n_spec + 1, device=device)
+    empty_d = torch.zeros(bsz, 0, dtype=torch.long, device=device)
+    empty_q = torch.zeros(bsz, 0, 1, dtype=torch.float32, device=device)
+
+    with static_attention(tgt.model):
+        t_start = clock()
+        # ---- prefill: prompts right-padded; padding sits at slots the rows overwrite later.
+        ids = torch.zeros(bsz, p_max, dtype=torch.long, device=device)
+        for b, r in enumerate(rows):
+            ids[b, : r.numel()] = r.to(device)
+        pos = torch.arange(p_max, device=device)[None].expand(bsz, p_max)
+        last = plens - 1
+        keep, where_kept = torch.unique(last, return_inverse=True)
+        cache.prepare(pos, kv_len=p_max)
+        out = tgt(ids, position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=keep)
+        first_logits = out.logits[torch.arange(bsz, device=device), where_kept][:, None]  # [B, 1, V]
+        _check_valid(invalid_rows(first_logits).tolist(), "target logits", 0)
+        _, first = verify_block(target_probs_input(first_logits), empty_d, empty_d[..., None], empty_q,
+                                temps, seeds, plens, impl=impl)
+        tokens[torch.arange(bsz, device=device), plens] = first
+        gen = torch.ones(bsz, dtype=torch.long, device=device)
+        done = gen >= max_new_tokens
+        if stops is not None:
+            done |= torch.isin(first, stops)
+        hit_stop = torch.isin(first, stops) if stops is not None else torch.zeros_like(done)
+        cache.set_lengths(plens)
+        ctx, ctx_pos, ctx_counts = out.features, pos, plens.clone()
+        times.prefill = clock() - t_start
+        gen_host = [1] * bsz
+        done_host = done.tolist()
+
+        step = 0
+        while not all(done_host):
+            step += 1
+            active = ~done
+            start = plens + gen - 1  # [B] anchor positions
+            anchor = tokens.gather(1, start[:, None])[:, 0]
+            t0 = clock()
+            if proposer is not None:
+                prop: Proposal = proposer.propose(DraftStep(
+                    anchor=anchor, start=start, context=ctx, context_positions=ctx_pos,
+                    context_counts=torch.where(active, ctx_counts, 0), temperature=temps, seeds=seeds,
+                    tokens=tokens, num_speculative_tokens=n_spec))
+                d, cand, q = prop.tokens, prop.cand_ids, prop.q
+                times.draft.append(prop.draft_s)
+                times.select.append(prop.select_s)
+                t0 = clock()
+            else:
+                prop, d, cand, q = None, empty_d, empty_d[..., None], empty_q
+            # ---- verify: one target forward over [anchor, d_1..d_N] at each row's own offset
+            block = torch.cat([anchor[:, None], d], dim=1)  # [B, 1+N]
+            pos = start[:, None] + arange_blk
+            kv_len = max(p + g - 1 for p, g in zip(plen_host, gen_host)) + n_spec + 1
+            cache.prepare(pos, kv_len=kv_len)
+            out = tgt(block, position_ids=pos, past_key_values=cache, layer_ids=layer_ids)
+            bad = invalid_rows(out.logits)
+            if prop is not None and prop.invalid is not None:
+                bad |= prop.invalid
+            acc, nxt = verify_block(target_probs_input(out.logits), d, cand, q, temps, seeds, start + 1, impl=impl)
+            # ---- commit d_1..d_acc then nxt, truncated by the budget and the first stop token
+            acc = torch.where(active, acc, 0)
+            new = torch.cat([d, torch.zeros_like(nxt)[:, None]], dim=1).scatter(1, acc[:, None], nxt[:, None])
+            n_new = torch.minimum(acc + 1, max_new_tokens - gen)
+            if stops is not None:
+                is_stop = torch.isin(new, stops) & (arange_blk[None] < n_new[:, None])
+                stop_hit = is_stop.any(1)
+                n_new = torch.where(stop_hit, is_stop.int().argmax(1) + 1, n_new)
+                hit_stop = hit_stop | (stop_hit & active)
+            else:
+                stop_hit = torch.zeros_like(active)
+            n_new = torch.where(active, n_new, 0)
+            cols = (plens + gen)[:, None] + arange_blk
+            cols = torch.where(arange_blk[None] < n_new[:, None], cols, trash)
+            tokens.scatter_(1, cols, new)
+            gen = gen + n_new
+            done = done | (active & (stop_hit | (gen >= max_new_tokens)))
+            cache.set_lengths(torch.where(active, start + acc + 1, start))  # rollback = new lengths
+            ctx, ctx_pos, ctx_counts = out.features, pos, acc + 1
+            acc_host, n_host, done_new, bad_host, act_host = torch.stack(
+                [acc, n_new, done.long(), (bad & active).long(), active.long()]).tolist()
+            _check_valid(bad_host, "target or draft logits", step)
+            times.verify.append(clock() - t0)
+            for b in range(bsz):
+                if act_host[b]:
+                    accepted[b].append(acc_host[b])
+                    gen_host[b] += n_host[b]
+            done_host = [bool(x) for x in done_new]
+        times.total = clock() - t_start
+
+    tok_cpu = tokens.cpu()
+    reasons = ["stop" if h else "length" for h in hit_stop.tolist()]
+    seqs = [tok_cpu[b, : plen_host[b] + gen_host[b]].clone() for b in range(bsz)]
+    return SpeculativeOutput(seqs, accepted, plen_host, reasons, n_spec, times)

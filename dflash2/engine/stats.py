@@ -1,0 +1,96 @@
+"""Acceptance statistics derived from per-row, per-step accepted draft counts.
+
+Conventions (spec 11.7): a step that accepts `a` draft tokens produces `a + 1` tokens (the
+accepted drafts plus the bonus/corrected token), so every tau below *includes the bonus*.
+The token sampled right after prefill is not a step and is not counted. Counts are the
+verifier's decisions; a stop token or `max_new_tokens` may truncate what a step emits, but
+not its recorded count (the same as the z-lab benchmark's acceptance lengths).
+
+- `tau_pooled`: sum of produced tokens over all steps of all rows / total steps. Long
+  requests weigh more. This is the number we report by default.
+- `tau_per_request_mean`: each request's own tau (its produced / its steps), averaged over
+  requests with at least one step. Short requests weigh as much as long ones.
+- `per_position_acceptance`: for draft slot i = 1..N, the fraction of steps that accepted at
+  least i tokens (slot i is only reached when slots < i were accepted).
+- `accepted_length_histogram`: how many steps accepted exactly a = 0..N draft tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+Accepted = Sequence[Sequence[int]]  # per row, per step: accepted draft tokens
+
+
+def _steps(accepted: Accepted) -> list[int]:
+    return [a for row in accepted for a in row]
+
+
+def tau_pooled(accepted: Accepted) -> float:
+    """Pooled tau including the bonus: sum(a + 1) / number of steps (nan without steps)."""
+    steps = _steps(accepted)
+    return sum(a + 1 for a in steps) / len(steps) if steps else float("nan")
+
+
+def tau_per_request_mean(accepted: Accepted) -> float:
+    """Mean over requests of each request's tau (including the bonus); rows without steps skipped."""
+    taus = [sum(a + 1 for a in row) / len(row) for row in accepted if len(row)]
+    return sum(taus) / len(taus) if taus else float("nan")
+
+
+def per_position_acceptance(accepted: Accepted, num_speculative_tokens: int) -> list[float]:
+    """`[N]`: entry i-1 = fraction of steps with at least i accepted draft tokens."""
+    steps = _steps(accepted)
+    if not steps:
+        return [float("nan")] * num_speculative_tokens
+    return [sum(a >= i for a in steps) / len(steps) for i in range(1, num_speculative_tokens + 1)]
+
+
+def accepted_length_histogram(accepted: Accepted, num_speculative_tokens: int) -> list[int]:
+    """`[N + 1]`: entry a = number of steps that accepted exactly a draft tokens."""
+    hist = [0] * (num_speculative_tokens + 1)
+    for a in _steps(accepted):
+        hist[a] += 1
+    return hist
+
+
+@dataclass
+class StepTimes:
+    """Wall time per decoding step (seconds), shared by all rows of the batch.
+
+    `draft`: noise embedding + draft forward; `select`: target-head logits of the draft
+    slots + vocabulary top-k + selector walk; `verify`: target forward over the block +
+    logit filtering + acceptance + commit. Device work is synchronized before each reading
+    only when the engine runs with `timing=True`; otherwise the readings on an asynchronous
+    device are launch times, not execution times.
+    """
+
+    prefill: float = 0.0
+    draft: list[float] = field(default_factory=list)
+    select: list[float] = field(default_factory=list)
+    verify: list[float] = field(default_factory=list)
+    total: float = 0.0
+    synchronized: bool = False
+
+    def summary(self) -> dict[str, float]:
+        """Totals per phase (seconds) and the step count."""
+        return {
+            "prefill_s": self.prefill,
+            "draft_s": sum(self.draft),
+            "select_s": sum(self.select),
+            "verify_s": sum(self.verify),
+            "total_s": self.total,
+            "steps": float(len(self.verify)),
+        }
+
+
+def summarize(accepted: Accepted, num_speculative_tokens: int) -> dict:
+    """All derived acceptance numbers in one dict (for JSONL records and reports)."""
+    return {
+        "tau_pooled": tau_pooled(accepted),
+        "tau_per_request_mean": tau_per_request_mean(accepted),
+        "per_position_acceptance": per_position_acceptance(accepted, num_speculative_tokens),
+        "accepted_length_histogram": accepted_length_histogram(accepted, num_speculative_tokens),
+        "steps": len(_steps(accepted)),
+    }
