@@ -103,3 +103,21 @@ def test_gpu_real_shapes(rows, dtype, cuda_device) -> None:
     assert torch.equal(ids, ref_ids)
     assert torch.equal(vals, ref_vals)
     assert ids[0].tolist() == list(range(100, 116))
+
+
+@pytest.mark.parametrize("k", [5, 40], ids=lambda k: f"k{k}")
+def test_triton_all_tied_rows(k, triton_device) -> None:
+    # Whole rows of one value (-inf, signed zeros, a constant): every group maximum ties, so the
+    # group selection must break ties by the lowest group and the result is ids 0..k-1.
+    logits = torch.zeros(4, 1500)
+    logits[0] = float("-inf")
+    logits[1, 1::2] = -0.0
+    logits[2] = 2.5
+    logits[3, 700:] = 1.0  # the top lies past several groups / chunks
+    logits = logits.to(torch.bfloat16).to(triton_device)
+    ref_vals, ref_ids = vocab_topk(logits, k, impl="torch")
+    for groups in (16, 256):
+        vals, ids = _vocab_topk_triton(logits, k, 1.0, 0.0, config={"groups": groups, "num_warps": 2})
+        assert torch.equal(ids, ref_ids)
+        assert torch.equal(vals, ref_vals)
+    assert ids[:3].tolist() == [list(range(k))] * 3

@@ -23,12 +23,12 @@ def _next_pow2(n: int) -> int:
 def topk_config(rows: int, vocab: int) -> dict[str, int]:
     """Tiling: stage-1 groups per chunk (of 16 entries) and warps, stage-2 warps.
 
-    From the H200 sweeps in docs/PERFORMANCE.md: the k rounds of max are latency-bound and
-    fewer warps make each round's cross-thread reduction cheaper; few rows want 4096-entry
-    chunks (more programs), many rows 8192-entry chunks (fewer partials to merge).
+    From H200 sweeps (bitonic tl.topk selection, CUDA-graph medians): few rows want 4096-entry
+    chunks with 4 warps (more programs, shorter per-program latency), many rows 8192-entry
+    chunks with 2 warps (fewer programs and partials to merge).
     """
     if rows <= 64:
-        return {"groups": 256, "num_warps": 2, "merge_warps": 4}
+        return {"groups": 256, "num_warps": 4, "merge_warps": 4}
     return {"groups": 512, "num_warps": 2, "merge_warps": 4}
 
 
@@ -41,8 +41,8 @@ def _vocab_topk_triton(
     cfg = config or topk_config(rows, vocab)
     groups = cfg["groups"]
     kp = max(_next_pow2(k), 2)
-    if k > groups:
-        groups = _next_pow2(k)  # need at least k groups per chunk
+    if kp > groups:
+        groups = kp  # need at least kp groups per chunk
     chunk = groups * _GROUP
     n_chunks = (vocab + chunk - 1) // chunk
     values = torch.empty(rows, k, dtype=torch.float32, device=logits.device)
@@ -50,13 +50,14 @@ def _vocab_topk_triton(
     if rows == 0:
         return values, ids
     part = torch.empty(rows, n_chunks, kp, dtype=torch.int64, device=logits.device)
+    npart = max(_next_pow2(n_chunks * kp), 2)
     _tk._topk_chunk_kernel[(rows, n_chunks)](
         logits, part, vocab, logits.stride(0), n_chunks, float(multiplier), float(softcap) or 1.0,
-        K=k, KP=kp, NG=groups, S=_GROUP, SOFTCAP=softcap > 0, num_warps=cfg["num_warps"],
+        KP=kp, NG=groups, S=_GROUP, SOFTCAP=softcap > 0, num_warps=cfg["num_warps"],
     )
     _tk._topk_merge_kernel[(rows,)](
         part, values, ids, n_chunks * kp, values.stride(0), ids.stride(0),
-        K=k, KP=kp, NPART=max(_next_pow2(n_chunks * kp), 2), num_warps=cfg.get("merge_warps", 4),
+        K=k, KP=kp, NPART=npart, num_warps=cfg.get("merge_warps", 4),
     )
     return values, ids
 

@@ -4,13 +4,15 @@
 #   key[v]   = ord(value[v]) * 2^32 + (2^32 - 1 - v)     (int64; one max = argmax with ties -> lowest v)
 #
 # where ord() maps fp32 bits to a signed int32 of the same order (negative floats get their low
-# 31 bits flipped; -0.0 is folded onto +0.0). Keys are unique, so "remove the max" is exact.
+# 31 bits flipped; -0.0 is folded onto +0.0). Keys are unique, so any top-k of keys is exact.
 #
 # Stage 1, one program per (row, chunk of NG*S entries): view the chunk as NG groups of S
-# entries. The top-k entries of the chunk all lie in the k groups with the largest group maxima
-# (a group whose max is below the k-th largest entry holds none of them), so take k rounds of max
-# over the NG group maxima, reload those k groups (k*S keys) and take k rounds of max over them.
-# Stage 2, one program per row: k rounds of max over the n_chunks*k partial keys, decode.
+# entries. Rank the groups by (max ordered value, lowest group id first), computed in int32; the
+# chunk's top-k entries all lie in the k best groups (each better group holds an entry that beats
+# any entry of a worse group, ties included), so take the KP >= k best groups with one bitonic
+# tl.topk over the NG group keys, reload those KP groups (KP*S int64 keys, cache-hot) and take
+# tl.topk of them. Stage 2, one program per row: tl.topk over the n_chunks*KP partial keys, decode.
+# KP = next power of two >= k (tl.topk needs one); keys are unique, so the first k are the top-k.
 import triton
 import triton.language as tl
 
@@ -20,10 +22,7 @@ _SENT = tl.constexpr(-9223372036854775808)  # int64 min: below every encoded key
 @triton.jit
 def _encode_key(value, index):
     # value fp32, index int -> int64 order-preserving composite key.
-    bits = value.to(tl.int32, bitcast=True)
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    ordered = tl.where(value == 0.0, 0, ordered)
-    return ordered.to(tl.int64) * 4294967296 + (4294967295 - index.to(tl.int64))
+    return _ordered(value).to(tl.int64) * 4294967296 + (4294967295 - index.to(tl.int64))
 
 
 @triton.jit
@@ -59,9 +58,17 @@ def _head_value(x, multiplier, softcap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def _ordered(value):
+    # fp32 -> int32 of the same order (-0.0 folded onto +0.0): the high half of a key.
+    bits = value.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return tl.where(value == 0.0, 0, ordered)
+
+
+@triton.jit
 def _topk_chunk_kernel(
     x_ptr, part_ptr, V, stride_xm, n_chunks, multiplier, softcap,
-    K: tl.constexpr, KP: tl.constexpr, NG: tl.constexpr, S: tl.constexpr, SOFTCAP: tl.constexpr,
+    KP: tl.constexpr, NG: tl.constexpr, S: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -69,28 +76,20 @@ def _topk_chunk_kernel(
     row_ptr = x_ptr + row.to(tl.int64) * stride_xm
     g = tl.arange(0, NG)
     s = tl.arange(0, S)
-    kk = tl.arange(0, KP)
     offs = start + g[:, None] * S + s[None, :]  # [NG, S]
     ok = offs < V
     x = tl.load(row_ptr + offs, mask=ok, other=0.0)
-    keys = tl.where(ok, _encode_key(_head_value(x, multiplier, softcap, SOFTCAP), offs), _SENT)
-    gmax = tl.max(keys, axis=1)  # [NG]
-    sel = tl.full((KP,), -1, tl.int32)  # chosen group ids
-    for r in range(K):
-        m = tl.max(gmax, axis=0)
-        _, idx = _decode_key(m)
-        gid = ((idx - start) // S).to(tl.int32)
-        sel = tl.where((kk == r) & (m != _SENT), gid, sel)
-        gmax = tl.where(gmax == m, _SENT, gmax)
+    # Group key = (max ordered value of the group, then lowest group id): int32 work per entry.
+    o = tl.where(ok, _ordered(_head_value(x, multiplier, softcap, SOFTCAP)), -2147483648)
+    gkey = tl.max(o, axis=1).to(tl.int64) * 4294967296 + (4294967295 - g.to(tl.int64))
+    top = tl.topk(gkey, KP)  # the KP best groups, as bitonic top-k (no serial rounds)
+    sel = (4294967295 - (top & 4294967295)).to(tl.int32)
     offs2 = start + sel[:, None] * S + s[None, :]  # [KP, S]
-    ok2 = (sel >= 0)[:, None] & (offs2 < V)
+    ok2 = offs2 < V  # groups past V (selected only when fewer than KP exist) load nothing
     x2 = tl.load(row_ptr + offs2, mask=ok2, other=0.0)
     keys2 = tl.where(ok2, _encode_key(_head_value(x2, multiplier, softcap, SOFTCAP), offs2), _SENT)
-    best = tl.full((KP,), _SENT, tl.int64)
-    for r in range(K):
-        m = tl.max(tl.max(keys2, axis=1), axis=0)
-        best = tl.where(kk == r, m, best)
-        keys2 = tl.where(keys2 == m, _SENT, keys2)
+    best = tl.topk(tl.reshape(keys2, [KP * S]), KP)
+    kk = tl.arange(0, KP)
     tl.store(part_ptr + (row.to(tl.int64) * n_chunks + chunk) * KP + kk, best)
 
 
@@ -102,12 +101,8 @@ def _topk_merge_kernel(
     row = tl.program_id(0)
     offs = tl.arange(0, NPART)
     keys = tl.load(part_ptr + row.to(tl.int64) * n_part + offs, mask=offs < n_part, other=_SENT)
+    best = tl.topk(keys, KP)
     kk = tl.arange(0, KP)
-    best = tl.full((KP,), _SENT, tl.int64)
-    for r in range(K):
-        m = tl.max(keys, axis=0)
-        best = tl.where(kk == r, m, best)
-        keys = tl.where(keys == m, _SENT, keys)
     val, idx = _decode_key(best)
     tl.store(val_ptr + row.to(tl.int64) * stride_vm + kk, val, mask=kk < K)
     tl.store(idx_ptr + row.to(tl.int64) * stride_im + kk, idx, mask=kk < K)
