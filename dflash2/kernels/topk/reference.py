@@ -35,17 +35,21 @@ def vocab_topk_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference of :func:`dflash2.kernels.topk.vocab_topk`: ``([M, k] fp32, [M, k] int64)``.
 
-    Equal to `vocab_topk_by_sort` (tested), at `torch.topk` cost.
+    Equal to `vocab_topk_by_sort` (tested), at `torch.topk` cost, with no host sync or
+    data-dependent shape, so it can be captured in a CUDA graph. NaN ranks as +inf (the sort
+    ranks it above +inf; rows with NaN logits are rejected by the engine either way).
     """
     values = head_transform(logits, multiplier, softcap)
-    if torch.isnan(values).any():  # NaN breaks the threshold test; the sort defines that case
-        return vocab_topk_by_sort(logits, k, multiplier, softcap)
-    kth = torch.topk(values, k, dim=-1).values[:, -1:]                      # [M, 1]
-    greater = values > kth
-    tied = values == kth
-    room = k - greater.sum(-1, keepdim=True)                                # ties still to take
-    chosen = greater | (tied & (tied.cumsum(-1) <= room))                   # exactly k per row
-    ids = chosen.nonzero()[:, 1].view(values.shape[0], k)                   # ascending index
-    picked = values.gather(-1, ids)
-    picked, order = torch.sort(picked, dim=-1, descending=True, stable=True)
-    return picked.float().contiguous(), ids.gather(-1, order).contiguous()
+    rank = torch.where(torch.isnan(values), float("inf"), values)
+    kth = torch.topk(rank, k, dim=-1).values[:, -1:]                          # [M, 1]
+    greater = rank > kth
+    tied = rank == kth
+    room = k - greater.sum(-1, keepdim=True)                                  # ties still to take
+    chosen = greater | (tied & (tied.cumsum(-1) <= room))                     # exactly k per row
+    vocab = values.shape[-1]
+    # Chosen entries in ascending index order: the largest keys are the lowest chosen indices.
+    key = torch.where(chosen, vocab - torch.arange(vocab, device=values.device), 0)
+    ids = torch.topk(key, k, dim=-1).indices
+    order = torch.sort(rank.gather(-1, ids), dim=-1, descending=True, stable=True).indices
+    ids = ids.gather(-1, order)
+    return values.gather(-1, ids).float().contiguous(), ids.contiguous()
