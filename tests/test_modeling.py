@@ -8,24 +8,7 @@ import torch
 
 from dflash2.modeling import CandidateSelector, DFlash2DraftModel, GroupedDynamicConv
 from tests.conftest import randomize_, tiny_draft_config
-
-
-def conv_loop(z, base, proj, side, block_len, g):
-    """Conv(z; b, d)[i, c] = sum_t [i mod block_len >= t] (b[t, c] + d[i, t, c // g]) z[i - t, c]."""
-    B, T, H = z.shape
-    K = base.shape[1]
-    G = H // g
-    d = proj.view(B, T, 2, K, G)
-    out = torch.zeros(B, T, H, dtype=torch.float64)
-    for b in range(B):
-        for i in range(T):
-            for c in range(H):
-                acc = 0.0
-                for t in range(K):
-                    if i % block_len >= t:
-                        acc += (float(base[side, t, c]) + float(d[b, i, side, t, c // g])) * float(z[b, i - t, c])
-                out[b, i, c] = acc
-    return out
+from tests.formulas import conv_loop
 
 
 @pytest.mark.parametrize("K", [1, 2, 3])

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dflash2.kernels.dynamic_conv import _grouped_dynamic_conv_triton, grouped_dynamic_conv, grouped_dynamic_conv_reference
+from tests.formulas import conv_loop
 
 # (B, T, H, K, g, block_len): odd H, non power-of-two groups, several blocks, T = 1 decode.
 SHAPES = [
@@ -32,30 +33,13 @@ def _inputs(b, t, h, k, g, dtype, device="cpu"):
     return [x.to(device=device, dtype=dtype) for x in (z, base, proj)]
 
 
-def _explicit_loop(z, base, proj, side, block_len, g):
-    bsz, seq, hidden = z.shape
-    taps = base.shape[1]
-    groups = hidden // g
-    out = torch.zeros(bsz, seq, hidden, dtype=torch.float64)
-    for b in range(bsz):
-        for i in range(seq):
-            for c in range(hidden):
-                acc = 0.0
-                for t in range(taps):
-                    if i % block_len >= t:  # same block: position i - t exists and is in range
-                        w = base[side, t, c] + proj[b, i, side * taps * groups + t * groups + c // g]
-                        acc += float(w) * float(z[b, i - t, c])
-                out[b, i, c] = acc
-    return out
-
-
 @pytest.mark.parametrize("shape", SHAPES[:4], ids=IDS[:4])
 @pytest.mark.parametrize("side", [0, 1])
-def test_reference_matches_explicit_loop(shape, side) -> None:
+def test_reference_matchesconv_loop(shape, side) -> None:
     b, t, h, k, g, L = shape
     z, base, proj = _inputs(b, t, h, k, g, torch.float64)
     out = grouped_dynamic_conv_reference(z, base, proj, side, L, g)
-    torch.testing.assert_close(out, _explicit_loop(z, base, proj, side, L, g), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out, conv_loop(z, base, proj, side, L, g), rtol=1e-12, atol=1e-12)
 
 
 def test_block_boundary_zeroes_taps() -> None:
