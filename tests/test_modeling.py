@@ -81,8 +81,10 @@ def test_selector_scores_match_explicit_loop():
     unary = torch.randn(3, k)
     cand = torch.randint(0, V, (3, k))
     pred = torch.randint(0, V, (3,))
-    got = sel.scores(unary, cand, pred, h)
-    A, Z, W = sel.predecessor_codebook.double(), sel.successor_codebook.double(), sel.hidden_projection.weight.double()
+    with torch.no_grad():
+        got = sel.scores(unary, cand, pred, h)
+    A, Z, W = (p.detach().double() for p in (sel.predecessor_codebook, sel.successor_codebook,
+                                               sel.hidden_projection.weight))
     for j in range(3):
         eta = W @ h[j].double()
         for c in range(k):
