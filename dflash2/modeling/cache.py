@@ -45,8 +45,7 @@ class DraftContextCache:
 
     def slots_for(self, num_new: int) -> torch.Tensor:
         """Slot indices `[B, num_new]` where the next `num_new` entries of each row go."""
-        slots = self.lengths[:, None] + torch.arange(num_new, device=self.lengths.device)
-        return slots
+        return self.lengths[:, None] + torch.arange(num_new, device=self.lengths.device)
 
     def write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """Scatter `k, v [B, nkv, c, hd]` into each row at `slots [B, c]`.
