@@ -205,9 +205,10 @@ class DFlash2DraftModel(PreTrainedModel):
         Returns:
             `[..., V]` fp32 logits; the softcap `s * tanh(z / s)` applies only when `s > 0`.
         """
-        z = head(hidden).float() * self.config.output_multiplier
-        s = self.config.final_logit_softcapping
-        return s * torch.tanh(z / s) if s > 0 else z
+        from dflash2.kernels.topk.reference import head_transform
+
+        cfg = self.config
+        return head_transform(head(hidden), cfg.output_multiplier, cfg.final_logit_softcapping).float()
 
     # ------------------------------------------------------------------ masks
     def _masks(self, pos_q, pos_k, valid_k, q, attention_mask):
