@@ -1,0 +1,449 @@
+"""Statistics over evaluation records (`DIR/records.jsonl`) -> `DIR/summary.json`.
+
+Everything is computed afterwards from the per-(arm, sample) records (log-first eval). The
+conventions, also written into every summary under `"conventions"`:
+
+- **tau includes the bonus token** (spec 3.7 / 11.7). *Pooled* tau = sum over all steps of
+  (accepted + 1) / number of steps (long requests weigh more); *per-request* tau = mean over
+  samples of each sample's mean(accepted + 1) (samples without steps skipped).
+- **Per-position acceptance**: for draft slot i = 1..N, the fraction of all steps (pooled)
+  that accepted at least i draft tokens. Histogram: steps that accepted exactly 0..N.
+- **Speedup** of arm X = total AR wall time / total X wall time over the samples both arms
+  ran (paired).
+- **CIs**: 95% percentile bootstrap (`scipy.stats.bootstrap`, `method="percentile"`), always
+  resampling *samples* (a cluster bootstrap: a sample's steps move together), paired across
+  arms where two arms are compared. Percentile rather than BCa: BCa fails on the degenerate
+  resamples a lossless greedy run produces (identical outputs, zero variance).
+- **Accuracy**: Wilson 95% interval; McNemar's exact test on paired correctness vs AR; TOST
+  paired equivalence within +-`accuracy_margin`; minimum detectable effect (MDE) of McNemar at
+  alpha 0.05 / power 0.8 (see `mcnemar_mde`).
+- At T > 0, TOST on the target's mean per-token log-probability of the generated text vs AR
+  within +-`logprob_margin` nats/token: a distribution-level losslessness check without a scorer.
+
+Public: `mcnemar_exact`, `tost_paired`, `paired_bootstrap_ci`, `bootstrap_ci`, `mcnemar_mde`,
+`summarize`, `to_jsonable`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+CONFIDENCE = 0.95
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts.
+
+    Under H0 the b + c discordant pairs split Bin(b + c, 1/2); p = min(1, 2 P(X <= min(b, c))).
+    Computed by statsmodels' `mcnemar(exact=True)` (which is exactly this binomial test).
+
+    Args:
+        b: pairs where only the first condition is correct (e.g. speculative right, AR wrong).
+        c: pairs where only the second is correct.
+    Returns:
+        p-value in [0, 1]; 1.0 when there are no discordant pairs.
+    """
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    b, c = int(b), int(c)
+    if b < 0 or c < 0:
+        raise ValueError(f"mcnemar_exact: discordant counts must be >= 0, got b={b}, c={c}")
+    if b + c == 0:
+        return 1.0
+    # Concordant cells do not enter the exact test; zeros keep the table valid.
+    return float(min(1.0, mcnemar(np.array([[0, b], [c, 0]]), exact=True).pvalue))
+
+
+def tost_paired(x: Sequence[float], y: Sequence[float], margin: float) -> float:
+    """Paired TOST (two one-sided t-tests) that mean(x - y) lies within (-margin, +margin).
+
+    H0: |mean(x - y)| >= margin; a small p rejects non-equivalence (i.e. shows equivalence).
+    Uses statsmodels' `ttost_paired(x, y, -margin, margin)`, whose p is the larger of the two
+    one-sided p-values.
+
+    Degenerate case (all differences equal, zero variance; e.g. a lossless greedy arm with
+    identical correctness on every sample): the mean difference is known exactly, so p = 0
+    when it lies strictly inside the margin and 1 otherwise.
+
+    Args:
+        x, y: paired observations, same length >= 2.
+        margin: equivalence margin (> 0), in the units of x and y.
+    Returns:
+        p-value (nan with fewer than 2 pairs).
+    """
+    from statsmodels.stats.weightstats import ttost_paired
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"tost_paired: x and y must be 1-D and paired, got shapes {x.shape} and {y.shape}")
+    if not margin > 0:
+        raise ValueError(f"tost_paired: margin must be > 0, got {margin}")
+    if x.size < 2:
+        return float("nan")
+    d = x - y
+    if np.ptp(d) == 0:
+        return 0.0 if abs(d[0]) < margin else 1.0
+    return float(ttost_paired(x, y, -margin, margin)[0])
+
+
+def _ci(data: tuple[np.ndarray, ...], stat: Callable, n_resamples: int, seed: int, vectorized: bool,
+        paired: bool) -> tuple[float, float]:
+    from scipy.stats import bootstrap
+
+    n = len(data[0])
+    if n < 2:
+        return (float("nan"), float("nan"))
+    res = bootstrap(data, stat, n_resamples=int(n_resamples), rng=np.random.default_rng(seed), paired=paired,
+                    vectorized=vectorized, method="percentile", confidence_level=CONFIDENCE)
+    ci = res.confidence_interval
+    return (float(ci.low), float(ci.high))
+
+
+def paired_bootstrap_ci(x: Sequence[float], y: Sequence[float], stat: Callable, n_resamples: int = 2000,
+                        seed: int = 0, *, vectorized: bool = False) -> tuple[float, float]:
+    """95% percentile bootstrap CI of `stat(x, y)` resampling the pairs (x_i, y_i) jointly.
+
+    Speedup: `stat = lambda a, b: a.sum() / b.sum()` with x = AR wall times, y = arm wall
+    times per sample. Deterministic for a given seed (`scipy.stats.bootstrap(paired=True,
+    method="percentile")`).
+
+    Args:
+        x, y: paired per-sample values, same length.
+        stat: `stat(x_res, y_res) -> float` on 1-D resampled arrays; with `vectorized=True` it
+            must accept an `axis=` keyword and reduce along it (much faster).
+        n_resamples: bootstrap resamples.
+        seed: RNG seed.
+    Returns:
+        `(low, high)`; `(nan, nan)` with fewer than 2 pairs.
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"paired_bootstrap_ci: x and y must be 1-D and paired, got {x.shape} and {y.shape}")
+    return _ci((x, y), stat, n_resamples, seed, vectorized, paired=True)
+
+
+def bootstrap_ci(x: Sequence[float], stat: Callable = np.mean, n_resamples: int = 2000, seed: int = 0,
+                 *, vectorized: bool = True) -> tuple[float, float]:
+    """95% percentile bootstrap CI of a one-sample statistic (default: the mean), resampling samples."""
+    x = np.asarray(x, dtype=float)
+    return _ci((x,), stat, n_resamples, seed, vectorized, paired=False)
+
+
+def mcnemar_mde(n: int, discordance: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Minimum detectable accuracy difference of a McNemar test (normal approximation, Connor 1987).
+
+    With n pairs and discordance rate psi = (b + c) / n, a true difference delta = p10 - p01 is
+    detected with the given power when
+
+        n = (z_{1-alpha/2} sqrt(psi) + z_{power} sqrt(psi - delta^2))^2 / delta^2,
+
+    solved here for delta in (0, psi] (delta cannot exceed psi: every discordant pair one way).
+
+    Args:
+        n: number of paired samples.
+        discordance: psi in [0, 1].
+    Returns:
+        delta as a fraction (0.1 = 10 accuracy points); inf when even delta = psi is not
+        detectable at this n; nan when psi = 0 (no discordant pairs: nothing to size from).
+    """
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    if n <= 0 or not 0 <= discordance <= 1:
+        raise ValueError(f"mcnemar_mde: need n > 0 and 0 <= discordance <= 1, got n={n}, discordance={discordance}")
+    psi = float(discordance)
+    if psi == 0:
+        return float("nan")
+    za, zb = norm.ppf(1 - alpha / 2), norm.ppf(power)
+
+    def f(delta: float) -> float:  # increasing in delta; root = the detectable delta
+        return math.sqrt(n) * delta - za * math.sqrt(psi) - zb * math.sqrt(max(psi - delta * delta, 0.0))
+
+    if f(psi) < 0:
+        return float("inf")
+    return float(brentq(f, 1e-12, psi))
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _ratio(a, b, axis=-1):
+    return np.sum(a, axis=axis) / np.sum(b, axis=axis)
+
+
+def _mean_diff(a, b, axis=-1):
+    return np.mean(a, axis=axis) - np.mean(b, axis=axis)
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Plain JSON types: numpy scalars/arrays unwrapped, tuples as lists, nan/inf as None."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer, int)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(obj) else None
+    return obj
+
+
+def _arm_key(rec: dict, multi_t: bool) -> str:
+    return f"{rec['arm']}|T={float(rec['temperature']):g}" if multi_t else rec["arm"]
+
+
+def _sort_key(arm: str, info: dict) -> tuple:
+    order = {"ar": 0, "spec": 1, "selector_off": 2, "oracle": 3}
+    return (float(info["temperature"]), order.get(info["arm_kind"], 9), info["arm_kind"],
+            int(info["num_speculative_tokens"]), arm)
+
+
+def _acceptance(recs: list[dict], N: int, n_resamples: int, seed: int, with_position_ci: bool) -> dict:
+    """tau (pooled, per-request), per-position acceptance and histogram over `recs`' steps."""
+    acc = [np.asarray(r["accepted"] or [], dtype=np.int64) for r in recs]
+    steps = np.array([a.size for a in acc], dtype=float)
+    produced = np.array([a.sum() + a.size for a in acc], dtype=float)  # tokens incl. the bonus
+    all_steps = np.concatenate(acc) if acc else np.zeros(0, dtype=np.int64)
+    out: dict[str, Any] = {"steps_total": int(steps.sum())}
+    if all_steps.size == 0:
+        out.update(tau_pooled=None, tau_pooled_ci=None, tau_per_request=None, tau_per_request_ci=None,
+                   per_position_acceptance=[None] * N, per_position_acceptance_ci=None,
+                   accepted_length_histogram=[0] * (N + 1))
+        return out
+    has = steps > 0
+    out["tau_pooled"] = float(produced.sum() / steps.sum())
+    out["tau_pooled_ci"] = paired_bootstrap_ci(produced[has], steps[has], _ratio, n_resamples, seed,
+                                               vectorized=True)
+    per_req = produced[has] / steps[has]
+    out["tau_per_request"] = float(per_req.mean())
+    out["tau_per_request_ci"] = bootstrap_ci(per_req, np.mean, n_resamples, seed)
+    out["per_position_acceptance"] = [float((all_steps >= i).mean()) for i in range(1, N + 1)]
+    if with_position_ci:
+        cis = []
+        for i in range(1, N + 1):
+            hits = np.array([(a >= i).sum() for a in acc], dtype=float)[has]
+            cis.append(paired_bootstrap_ci(hits, steps[has], _ratio, n_resamples, seed, vectorized=True))
+        out["per_position_acceptance_ci"] = cis
+    hist = np.bincount(np.clip(all_steps, 0, N), minlength=N + 1)
+    out["accepted_length_histogram"] = [int(v) for v in hist[: N + 1]]
+    return out
+
+
+def _compare(recs: list[dict], ar: dict[str, dict], temperature: float, n_resamples: int, seed: int,
+             accuracy_margin: float, logprob_margin: float) -> dict:
+    """Paired comparison of an arm's records with the AR records of the same samples."""
+    pairs = [(r, ar[r["sample_id"]]) for r in recs if r["sample_id"] in ar]
+    out: dict[str, Any] = {"n_paired": len(pairs)}
+    if not pairs:
+        return out
+    w_ar = np.array([a["wall_s"] for _, a in pairs], dtype=float)
+    w_x = np.array([r["wall_s"] for r, _ in pairs], dtype=float)
+    out["wall_s_ar"] = float(w_ar.sum())
+    out["speedup"] = float(w_ar.sum() / w_x.sum()) if w_x.sum() > 0 else None
+    out["speedup_ci"] = paired_bootstrap_ci(w_ar, w_x, _ratio, n_resamples, seed, vectorized=True)
+
+    scored = [(r, a) for r, a in pairs if r.get("correct") is not None and a.get("correct") is not None]
+    if scored:
+        x = np.array([bool(r["correct"]) for r, _ in scored], dtype=float)
+        y = np.array([bool(a["correct"]) for _, a in scored], dtype=float)
+        only_x = sorted(r["sample_id"] for (r, _), xi, yi in zip(scored, x, y) if xi and not yi)
+        only_ar = sorted(r["sample_id"] for (r, _), xi, yi in zip(scored, x, y) if yi and not xi)
+        n = len(scored)
+        psi = (len(only_x) + len(only_ar)) / n
+        mde = mcnemar_mde(n, psi)
+        out.update(
+            accuracy_diff=float(x.mean() - y.mean()),
+            accuracy_diff_ci=paired_bootstrap_ci(x, y, _mean_diff, n_resamples, seed, vectorized=True),
+            mcnemar={"b_only_arm_correct": len(only_x), "c_only_ar_correct": len(only_ar),
+                     "p": mcnemar_exact(len(only_x), len(only_ar)),
+                     "discordant": {"only_arm_correct": only_x, "only_ar_correct": only_ar}},
+            tost_accuracy_p=tost_paired(x, y, accuracy_margin), accuracy_margin=accuracy_margin,
+            n_scored_paired=n, discordance=psi, mde_accuracy=mde,
+        )
+    ident = [r["identical_to_ar"] for r, _ in pairs if r.get("identical_to_ar") is not None]
+    out["identical_fraction"] = float(np.mean(ident)) if ident else None
+    deps = [r for r, _ in pairs if r.get("departure")]
+    out["n_departures"] = len(deps)
+    if temperature == 0:  # at T > 0 outputs depart by design; listing them says nothing
+        out["departures"] = [{"sample_id": r["sample_id"], **r["departure"]} for r in deps]
+    lp = [(r["logprob_mean"], a["logprob_mean"]) for r, a in pairs
+          if r.get("logprob_mean") is not None and a.get("logprob_mean") is not None]
+    if lp:
+        lx, ly = np.array(lp, dtype=float).T
+        out["logprob_diff"] = float((lx - ly).mean())
+        out["logprob_diff_ci"] = paired_bootstrap_ci(lx, ly, _mean_diff, n_resamples, seed, vectorized=True)
+        if temperature > 0:
+            out["tost_logprob_p"] = tost_paired(lx, ly, logprob_margin)
+            out["logprob_margin"] = logprob_margin
+    return out
+
+
+def _metrics(recs: list[dict], info: dict, ar: dict[str, dict] | None, n_resamples: int, seed: int,
+             accuracy_margin: float, logprob_margin: float, with_position_ci: bool) -> dict:
+    from statsmodels.stats.proportion import proportion_confint
+
+    N = int(info["num_speculative_tokens"])
+    tokens = sum(len(r["tokens"] or []) for r in recs)
+    wall = sum(float(r["wall_s"]) for r in recs)
+    m: dict[str, Any] = {"n": len(recs), "tokens_total": tokens, "wall_s_total": wall,
+                         "tokens_per_s": tokens / wall if wall > 0 else None,
+                         "finish_reasons": dict(Counter(r["finish_reason"] for r in recs))}
+    m.update(_acceptance(recs, N, n_resamples, seed, with_position_ci))
+    lps = [r["logprob_mean"] for r in recs if r.get("logprob_mean") is not None]
+    m["logprob_mean"] = float(np.mean(lps)) if lps else None
+    scored = [bool(r["correct"]) for r in recs if r.get("correct") is not None]
+    m["n_scored"] = len(scored)
+    if scored:
+        k = sum(scored)
+        m["accuracy"] = k / len(scored)
+        m["accuracy_ci"] = tuple(float(v) for v in proportion_confint(k, len(scored), alpha=1 - CONFIDENCE,
+                                                                      method="wilson"))
+    if info["arm_kind"] == "ar":
+        m["speedup"], m["speedup_ci"] = 1.0, (1.0, 1.0)
+    elif ar:
+        m.update(_compare(recs, ar, float(info["temperature"]), n_resamples, seed, accuracy_margin,
+                          logprob_margin))
+    return m
+
+
+# ------------------------------------------------------------------------------ summary
+
+REQUIRED = ("arm", "arm_kind", "num_speculative_tokens", "temperature", "dataset", "sample_id", "tokens",
+            "wall_s", "steps", "accepted", "finish_reason")
+
+
+def _check(records: list[dict]) -> None:
+    for i, r in enumerate(records):
+        missing = [k for k in REQUIRED if k not in r]
+        if missing:
+            raise ValueError(f"record {i} (arm={r.get('arm')!r}, sample_id={r.get('sample_id')!r}) lacks "
+                             f"{missing}; see the records contract in dflash2/evaluation/stats.py")
+        if r["accepted"] and max(r["accepted"]) > int(r["num_speculative_tokens"]):
+            raise ValueError(f"record {i} ({r['arm']}, {r['sample_id']}): accepted {max(r['accepted'])} > "
+                             f"num_speculative_tokens {r['num_speculative_tokens']}")
+
+
+def summarize(records: list[dict], *, n_resamples: int = 2000, seed: int = 0, accuracy_margin: float = 0.02,
+              logprob_margin: float = 0.05) -> dict:
+    """All statistics of a run, JSON-serializable (the content of `DIR/summary.json`).
+
+    Args:
+        records: one dict per (arm, sample), fields as in the records contract. A later record
+            for the same (arm, temperature, sample_id) replaces an earlier one (resumed runs).
+        n_resamples, seed: bootstrap settings (every CI is deterministic given the seed).
+        accuracy_margin: TOST equivalence margin on accuracy (0.02 = +-2 points).
+        logprob_margin: TOST margin on the mean per-token log-probability (nats/token), T > 0.
+    Returns:
+        dict with `arms` (ordered labels), `n_samples`, `datasets`, `conventions`, `notes`,
+        `per_arm[arm]` = {arm_kind, num_speculative_tokens, temperature, overall, by_dataset,
+        by_category}, and `vs_n[arm_kind]` = per-N series (tau, speedup with CIs) for plots.
+        Arms are labelled by `arm`, suffixed `|T=...` when the records hold several temperatures.
+    """
+    _check(records)
+    multi_t = len({float(r["temperature"]) for r in records}) > 1
+    latest: dict[tuple, dict] = {}
+    for r in records:
+        latest[(_arm_key(r, multi_t), r["sample_id"])] = r
+    by_arm: dict[str, list[dict]] = defaultdict(list)
+    info: dict[str, dict] = {}
+    for (arm, _), r in latest.items():
+        by_arm[arm].append(r)
+        info.setdefault(arm, {k: r[k] for k in ("arm_kind", "num_speculative_tokens", "temperature")})
+    arms = sorted(by_arm, key=lambda a: _sort_key(a, info[a]))
+    ar_of_t = {float(info[a]["temperature"]): {r["sample_id"]: r for r in by_arm[a]}
+               for a in arms if info[a]["arm_kind"] == "ar"}
+    datasets = sorted({r["dataset"] for r in latest.values()})
+    notes: list[str] = []
+    kw = dict(n_resamples=n_resamples, seed=seed, accuracy_margin=accuracy_margin, logprob_margin=logprob_margin)
+
+    per_arm: dict[str, Any] = {}
+    for arm in arms:
+        recs = by_arm[arm]
+        ar = ar_of_t.get(float(info[arm]["temperature"]))
+        if ar is None and info[arm]["arm_kind"] != "ar":
+            notes.append(f"{arm}: no AR arm at T={info[arm]['temperature']:g}; no speedup or paired tests")
+        entry = dict(info[arm], overall=_metrics(recs, info[arm], ar, with_position_ci=True, **kw))
+        entry["by_dataset"] = {
+            ds: _metrics([r for r in recs if r["dataset"] == ds], info[arm], ar, with_position_ci=False, **kw)
+            for ds in datasets if any(r["dataset"] == ds for r in recs)}
+        cats: dict[str, list[dict]] = defaultdict(list)
+        for r in recs:
+            if r.get("category"):
+                cats[r["category"]].append(r)
+        entry["by_category"] = {c: _acceptance(v, int(info[arm]["num_speculative_tokens"]), n_resamples, seed,
+                                               False) for c, v in sorted(cats.items())}
+        per_arm[arm] = entry
+        notes.extend(_arm_notes(arm, entry["overall"]))
+
+    return to_jsonable({
+        "arms": arms, "n_samples": len({r["sample_id"] for r in latest.values()}), "datasets": datasets,
+        "temperatures": sorted({float(r["temperature"]) for r in latest.values()}),
+        "n_records": len(latest), "conventions": conventions(n_resamples, seed, accuracy_margin, logprob_margin),
+        "per_arm": per_arm, "vs_n": _vs_n(arms, per_arm), "notes": notes,
+    })
+
+
+def _arm_notes(arm: str, m: dict) -> list[str]:
+    notes = []
+    if "mde_accuracy" in m:
+        mde, n, psi = m["mde_accuracy"], m["n_scored_paired"], m["discordance"]
+        if isinstance(mde, float) and math.isnan(mde):
+            notes.append(f"{arm}: no discordant correctness pairs among {n} scored samples: accuracy equals AR's "
+                         "on these samples (McNemar has nothing to test)")
+        elif math.isinf(mde):
+            notes.append(f"{arm}: with {n} scored samples and discordance {psi:.1%}, no accuracy difference is "
+                         "detectable by McNemar (alpha 0.05, power 0.8); a non-significant p means little")
+        else:
+            notes.append(f"{arm}: McNemar minimum detectable effect {mde * 100:.1f} accuracy points (n={n}, "
+                         f"discordance {psi:.1%}, alpha 0.05, power 0.8); smaller differences go undetected")
+    return notes
+
+
+def _vs_n(arms: list[str], per_arm: dict) -> dict:
+    """Per arm kind (spec, selector_off, oracle, ...), the series over N used by the vs-N plots."""
+    series: dict[str, dict] = {}
+    for arm in arms:
+        e = per_arm[arm]
+        if e["arm_kind"] == "ar":
+            continue
+        kind = e["arm_kind"] + (re.sub(r"^.*\|", "|", arm) if "|T=" in arm else "")
+        s = series.setdefault(kind, {k: [] for k in ("arms", "N", "tau_pooled", "tau_pooled_ci", "tau_per_request",
+                                                     "tau_per_request_ci", "speedup", "speedup_ci")})
+        o = e["overall"]
+        s["arms"].append(arm)
+        s["N"].append(e["num_speculative_tokens"])
+        for k in ("tau_pooled", "tau_pooled_ci", "tau_per_request", "tau_per_request_ci", "speedup", "speedup_ci"):
+            s[k].append(o.get(k))
+    return series
+
+
+def conventions(n_resamples: int, seed: int, accuracy_margin: float, logprob_margin: float) -> dict[str, str]:
+    return {
+        "tau_pooled": "sum over steps of (accepted + 1) / steps; includes the bonus token (spec 3.7/11.7)",
+        "tau_per_request": "mean over samples of each sample's mean(accepted + 1); includes the bonus token",
+        "per_position_acceptance": "position i = fraction of all steps that accepted >= i draft tokens",
+        "accepted_length_histogram": "number of steps that accepted exactly 0..N draft tokens",
+        "speedup": "total AR wall time / total arm wall time over the samples both ran (paired)",
+        "ci": f"95% percentile bootstrap over samples (cluster; paired across arms), {n_resamples} resamples, "
+              f"seed {seed}; accuracy: Wilson interval",
+        "mcnemar": "exact two-sided binomial test on the discordant pairs (b = only arm correct, "
+                   "c = only AR correct)",
+        "tost_accuracy": f"paired TOST, H0 |acc_arm - acc_ar| >= {accuracy_margin}; small p = equivalent",
+        "mde_accuracy": "McNemar minimum detectable accuracy difference, alpha 0.05, power 0.8, "
+                        "normal approximation (Connor 1987) at the observed discordance",
+        "tost_logprob": f"T > 0 only: paired TOST on the target's mean per-token log-probability of the "
+                        f"generated text, margin {logprob_margin} nats/token",
+    }
