@@ -1,0 +1,360 @@
+"""Reports from a summary (`dflash2.evaluation.stats.summarize`) and its records.
+
+- `print_summary(summary)`: the terminal table (one row per arm, then per dataset).
+- `write_report(out_dir, records, summary, config=None, predictions=None)`: `DIR/report.html`
+  (self-contained: PNG plots embedded as base64) and `DIR/report.md` (the same tables; its
+  plots are written to `DIR/plots/*.png` and linked, since Markdown viewers rarely show
+  inline data URIs).
+- `make_figures(summary, predictions=None)`: the matplotlib figures (Agg backend), shared with
+  the W&B logger: tau vs N, speedup vs N (95% CIs as error bars), per-position acceptance,
+  accepted-length histogram, tau per dataset, and predicted vs measured speedup when a cost
+  model's `predictions` (arm -> predicted speedup) are given.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never a GUI backend (headless servers, tests)
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+# ------------------------------------------------------------------------------ formatting
+
+
+def _f(v: Any, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _ci(v: Any, ci: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if not ci or ci[0] is None or ci[1] is None:
+        return _f(v, digits)
+    return f"{v:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def _p(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2g}" if v >= 1e-3 else f"{v:.1e}"
+
+
+def _pct(v: Any, ci: Any = None) -> str:
+    if v is None:
+        return "-"
+    if ci and ci[0] is not None:
+        return f"{100 * v:.1f} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+    return f"{100 * v:.1f}"
+
+
+COLUMNS = ["arm", "N", "n", "tau pooled [95% CI]", "tau per-request [95% CI]", "speedup [95% CI]", "tok/s",
+           "accuracy % [95% CI]", "McNemar p", "TOST acc p", "MDE pts", "identical %", "TOST logprob p"]
+
+
+def _row(arm: str, n_spec: int, m: dict) -> list[str]:
+    mc = m.get("mcnemar") or {}
+    mde = m.get("mde_accuracy")
+    return [
+        arm, str(n_spec), str(m.get("n", 0)),
+        _ci(m.get("tau_pooled"), m.get("tau_pooled_ci")),
+        _ci(m.get("tau_per_request"), m.get("tau_per_request_ci")),
+        _ci(m.get("speedup"), m.get("speedup_ci")),
+        _f(m.get("tokens_per_s"), 1),
+        _pct(m.get("accuracy"), m.get("accuracy_ci")) if m.get("n_scored") else "-",
+        _p(mc.get("p")) if mc else "-",
+        _p(m.get("tost_accuracy_p")),
+        _f(100 * mde, 1) if mde is not None else "-",
+        _pct(m.get("identical_fraction")),
+        _p(m.get("tost_logprob_p")),
+    ]
+
+
+def summary_rows(summary: dict, dataset: str | None = None) -> list[list[str]]:
+    """Formatted table rows (see `COLUMNS`), overall or for one dataset."""
+    rows = []
+    for arm in summary["arms"]:
+        e = summary["per_arm"][arm]
+        m = e["overall"] if dataset is None else e["by_dataset"].get(dataset)
+        if m:
+            rows.append(_row(arm, e["num_speculative_tokens"], m))
+    return rows
+
+
+def _text_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = "  ".join("-" * w for w in widths)
+    fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    return "\n".join([fmt(header), line, *map(fmt, rows)])
+
+
+def print_summary(summary: dict, file: TextIO | None = None) -> None:
+    """Print the terminal summary: overall table, one table per dataset, notes and conventions."""
+    out = file or sys.stdout
+    temps = ", ".join(f"{t:g}" for t in summary.get("temperatures", []))
+    print(f"\n{summary['n_samples']} samples ({', '.join(summary['datasets'])}), T = {temps}; "
+          "tau includes the bonus token", file=out)
+    print(_text_table(COLUMNS, summary_rows(summary)), file=out)
+    if len(summary["datasets"]) > 1:
+        for ds in summary["datasets"]:
+            print(f"\n[{ds}]", file=out)
+            print(_text_table(COLUMNS, summary_rows(summary, ds)), file=out)
+    for note in summary.get("notes", []):
+        print(f"note: {note}", file=out)
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def _err(values: list, cis: list) -> tuple[list, list] | None:
+    """Asymmetric error bars from CIs (None where a CI is missing)."""
+    if not cis or any(c is None or c[0] is None for c in cis):
+        return None
+    return [v - c[0] for v, c in zip(values, cis)], [c[1] - v for v, c in zip(values, cis)]
+
+
+def _vs_n_figure(summary: dict, key: str, ylabel: str, title: str, baseline: float) -> Figure:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    for kind, s in summary["vs_n"].items():
+        pts = [(n, v, c) for n, v, c in zip(s["N"], s[key], s[f"{key}_ci"]) if v is not None]
+        if not pts:
+            continue
+        ns, vs, cs = zip(*pts)
+        ax.errorbar(ns, vs, yerr=_err(list(vs), list(cs)), marker="o", capsize=4, label=f"{kind} ({key})")
+        if key == "tau_pooled":
+            pr = [(n, v, c) for n, v, c in zip(s["N"], s["tau_per_request"], s["tau_per_request_ci"]) if v is not None]
+            if pr:
+                n2, v2, c2 = zip(*pr)
+                ax.errorbar(n2, v2, yerr=_err(list(v2), list(c2)), marker="s", linestyle="--", capsize=4,
+                            alpha=0.7, label=f"{kind} (tau per-request)")
+    ax.axhline(baseline, color="grey", linewidth=1, linestyle=":", label="AR")
+    ax.set_xlabel("num_speculative_tokens N")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _spec_arms(summary: dict) -> list[str]:
+    return [a for a in summary["arms"] if summary["per_arm"][a]["num_speculative_tokens"] > 0]
+
+
+def _position_figure(summary: dict) -> Figure:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    for arm in _spec_arms(summary):
+        o = summary["per_arm"][arm]["overall"]
+        vals = o["per_position_acceptance"]
+        if not vals or vals[0] is None:
+            continue
+        pos = list(range(1, len(vals) + 1))
+        ax.errorbar(pos, vals, yerr=_err(vals, o.get("per_position_acceptance_ci")), marker="o", capsize=3,
+                    label=arm)
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("fraction of steps accepting >= i drafts")
+    ax.set_title("Per-position acceptance (pooled over steps, 95% CI)")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _histogram_figure(summary: dict) -> Figure:
+    arms = _spec_arms(summary)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    width = 0.8 / max(len(arms), 1)
+    for j, arm in enumerate(arms):
+        hist = summary["per_arm"][arm]["overall"]["accepted_length_histogram"]
+        total = sum(hist) or 1
+        xs = [a + (j - (len(arms) - 1) / 2) * width for a in range(len(hist))]
+        ax.bar(xs, [h / total for h in hist], width=width, label=arm)
+    ax.set_xlabel("accepted draft tokens per step")
+    ax.set_ylabel("fraction of steps")
+    ax.set_title("Accepted-length histogram")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _dataset_figure(summary: dict) -> Figure:
+    arms, dss = _spec_arms(summary), summary["datasets"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    width = 0.8 / max(len(arms), 1)
+    for j, arm in enumerate(arms):
+        bd = summary["per_arm"][arm]["by_dataset"]
+        vals = [bd.get(ds, {}).get("tau_pooled") or 0.0 for ds in dss]
+        cis = [bd.get(ds, {}).get("tau_pooled_ci") or (v, v) for v, ds in zip(vals, dss)]
+        xs = [i + (j - (len(arms) - 1) / 2) * width for i in range(len(dss))]
+        ax.bar(xs, vals, width=width, yerr=_err(vals, cis), capsize=3, label=arm)
+    ax.set_xticks(range(len(dss)), dss)
+    ax.set_ylabel("tau pooled (incl. bonus)")
+    ax.set_title("tau per dataset (95% CI)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _prediction_figure(summary: dict, predictions: dict[str, float]) -> Figure:
+    fig, ax = plt.subplots(figsize=(5.2, 5.0), dpi=100)
+    pts = []
+    for arm, pred in predictions.items():
+        o = summary["per_arm"].get(arm, {}).get("overall", {})
+        if o.get("speedup") is not None:
+            pts.append((arm, float(pred), o["speedup"], o.get("speedup_ci")))
+    for arm, pred, meas, ci in pts:
+        ax.errorbar([pred], [meas], yerr=_err([meas], [ci]), marker="o", capsize=4, label=arm)
+    if pts:
+        lo = min(min(p[1], p[2]) for p in pts) * 0.9
+        hi = max(max(p[1], p[2]) for p in pts) * 1.1
+        ax.plot([lo, hi], [lo, hi], color="grey", linestyle=":", label="measured = predicted")
+    ax.set_xlabel("predicted speedup (cost model)")
+    ax.set_ylabel("measured speedup (95% CI)")
+    ax.set_title("Predicted vs measured speedup")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def make_figures(summary: dict, predictions: dict[str, float] | None = None) -> dict[str, Figure]:
+    """Named matplotlib figures for the summary (caller closes them: `plt.close(fig)`)."""
+    figs: dict[str, Figure] = {}
+    if summary["vs_n"]:
+        figs["tau_vs_n"] = _vs_n_figure(summary, "tau_pooled", "tau (incl. bonus)",
+                                        "tau vs N (pooled and per-request, 95% CI)", 1.0)
+        figs["speedup_vs_n"] = _vs_n_figure(summary, "speedup", "speedup vs AR (wall time)",
+                                            "Speedup vs N (paired bootstrap 95% CI)", 1.0)
+    if _spec_arms(summary):
+        figs["per_position_acceptance"] = _position_figure(summary)
+        figs["accepted_length_histogram"] = _histogram_figure(summary)
+        if len(summary["datasets"]) > 1:
+            figs["tau_by_dataset"] = _dataset_figure(summary)
+    if predictions:
+        figs["predicted_vs_measured_speedup"] = _prediction_figure(summary, predictions)
+    return figs
+
+
+def figure_png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+# ------------------------------------------------------------------------------ documents
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    esc = lambda c: str(c).replace("|", "\\|")  # noqa: E731
+    return "\n".join(["| " + " | ".join(map(esc, header)) + " |", "|" + "---|" * len(header),
+                      *("| " + " | ".join(map(esc, r)) + " |" for r in rows)])
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
+
+
+def _sections(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of every table in the report."""
+    out = [("All datasets", COLUMNS, summary_rows(summary))]
+    if len(summary["datasets"]) > 1:
+        out += [(f"Dataset: {ds}", COLUMNS, summary_rows(summary, ds)) for ds in summary["datasets"]]
+    cat_rows = []
+    for arm in summary["arms"]:
+        for cat, m in summary["per_arm"][arm].get("by_category", {}).items():
+            cat_rows.append([arm, cat, _ci(m.get("tau_pooled"), m.get("tau_pooled_ci")),
+                             _ci(m.get("tau_per_request"), m.get("tau_per_request_ci")), str(m.get("steps_total"))])
+    if cat_rows:
+        out.append(("tau per MT-Bench category", ["arm", "category", "tau pooled [95% CI]",
+                                                  "tau per-request [95% CI]", "steps"], cat_rows))
+    disc, deps = [], []
+    for arm in summary["arms"]:
+        o = summary["per_arm"][arm]["overall"]
+        d = (o.get("mcnemar") or {}).get("discordant") or {}
+        disc += [[arm, sid, "arm only"] for sid in d.get("only_arm_correct", [])]
+        disc += [[arm, sid, "AR only"] for sid in d.get("only_ar_correct", [])]
+        deps += [[arm, x["sample_id"], str(x.get("position")), _f(x.get("margin"), 4)] for x in o.get("departures", [])]
+    if disc:
+        out.append(("Discordant correctness (McNemar)", ["arm", "sample", "correct in"], disc))
+    if deps:
+        out.append(("Departures from AR (greedy)", ["arm", "sample", "position", "top1-top2 logit margin"], deps))
+    return out
+
+
+CSS = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;"
+       "margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+       "th{background:#f0f0f0}img{max-width:640px;margin:6px;border:1px solid #eee}pre{background:#f7f7f7;"
+       "padding:1em;overflow:auto;font-size:12px}")
+
+
+def write_report(out_dir: str | Path, records: list[dict], summary: dict, config: dict | None = None,
+                 predictions: dict[str, float] | None = None) -> Path:
+    """Write `out_dir/report.html` (self-contained) and `out_dir/report.md` (+ `out_dir/plots/*.png`).
+
+    Args:
+        out_dir: run directory.
+        records: the run's records (for counts in the header; statistics come from `summary`).
+        summary: `summarize(records)`.
+        config: the resolved run config (shown verbatim at the end).
+        predictions: optional arm -> predicted speedup from a cost model; adds the predicted vs
+            measured plot.
+    Returns:
+        Path of `report.html`.
+    """
+    out = Path(out_dir)
+    plots = out / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    figs = make_figures(summary, predictions)
+    pngs: dict[str, bytes] = {}
+    for name, fig in figs.items():
+        pngs[name] = figure_png(fig)
+        plt.close(fig)
+        (plots / f"{name}.png").write_bytes(pngs[name])
+
+    temps = ", ".join(f"{t:g}" for t in summary.get("temperatures", []))
+    head = (f"{summary['n_samples']} samples, {len(records)} records, datasets: {', '.join(summary['datasets'])}; "
+            f"temperature {temps}; arms: {', '.join(summary['arms'])}")
+    sections = _sections(summary)
+    conv = summary.get("conventions", {})
+    cfg = json.dumps(config, indent=2, default=str) if config else None
+
+    md = ["# DFlash2 evaluation report", "", head, ""]
+    md += [f"- note: {n}" for n in summary.get("notes", [])] + [""]
+    for title, header, rows in sections:
+        md += [f"## {title}", "", _md_table(header, rows), ""]
+    md += ["## Plots", ""] + [f"![{n}](plots/{n}.png)" for n in pngs] + [""]
+    md += ["## Conventions", ""] + [f"- **{k}**: {v}" for k, v in conv.items()] + [""]
+    if cfg:
+        md += ["## Config", "", "```json", cfg, "```", ""]
+    (out / "report.md").write_text("\n".join(md))
+
+    body = [f"<h1>DFlash2 evaluation report</h1><p>{html.escape(head)}</p>"]
+    if summary.get("notes"):
+        body.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in summary["notes"]) + "</ul>")
+    for title, header, rows in sections:
+        body.append(f"<h2>{html.escape(title)}</h2>{_html_table(header, rows)}")
+    body.append("<h2>Plots</h2>" + "".join(
+        f'<img alt="{n}" title="{n}" src="data:image/png;base64,{base64.b64encode(b).decode()}">'
+        for n, b in pngs.items()))
+    body.append("<h2>Conventions</h2><ul>" + "".join(
+        f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in conv.items()) + "</ul>")
+    if cfg:
+        body.append(f"<h2>Config</h2><pre>{html.escape(cfg)}</pre>")
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>DFlash2 evaluation</title>"
+            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>")
+    path = out / "report.html"
+    path.write_text(page)
+    return path
