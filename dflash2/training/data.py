@@ -381,6 +381,7 @@ class TrainingData:
     heldout_prompts: list[list[int]]
     format_hash: str
     stats: dict[str, int] = field(default_factory=dict)
+    heldout_ids: list[str] = field(default_factory=list)  # conversation ids of `heldout`, in order
 
 
 def _format_hash(rows: list[dict[str, Any]], tokenizer, spec: DataSpec) -> str:
@@ -464,7 +465,8 @@ def build_training_data(source: str | Path | Iterable[dict[str, Any]], tokenizer
              "train_tokens": sum(len(d.input_ids) for d in docs),
              "train_loss_tokens": sum(sum(d.loss_mask) for d in docs),
              "heldout": len(held), "truncated": truncated, "dropped": dropped}
-    return TrainingData(train, heldout, [list(p) for _, _, p in held], fmt_hash, stats)
+    return TrainingData(train, heldout, [list(p) for _, _, p in held], fmt_hash, stats,
+                        [doc.conv_id for _, doc, _ in held])
 
 
 def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
