@@ -23,6 +23,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
+from dflash2.checkpoint import load_draft, save_draft
 from dflash2.config import DFlash2Config
 from dflash2.modeling.cache import DraftContextCache
 from dflash2.modeling.conv import GroupedDynamicConv
@@ -48,6 +49,24 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     """x [B, heads, S, hd]; cos/sin [B, S, hd]."""
     cos, sin = cos[:, None], sin[:, None]
     return x * cos + rotate_half(x) * sin
+
+
+def _is_block_mask(mask) -> bool:
+    return mask is not None and type(mask).__name__ == "BlockMask"
+
+
+_FLEX: dict[str, object] = {}
+
+
+def _flex_attention(device: torch.device):
+    """FlexAttention, compiled on CUDA (its fused kernel), eager elsewhere (reference math)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if "cuda" not in _FLEX:
+        _FLEX["cuda"] = torch.compile(flex_attention, dynamic=False)
+    return _FLEX["cuda"]
 
 
 class DraftAttention(nn.Module):
@@ -82,7 +101,11 @@ class DraftAttention(nn.Module):
             k_ctx, v_ctx = cache.keys[layer_idx], cache.values[layer_idx]
         K = torch.cat([k_ctx.to(k_blk.dtype), k_blk], dim=2)
         V = torch.cat([v_ctx.to(v_blk.dtype), v_blk], dim=2)
-        out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
+        gqa = self.num_heads != self.num_kv_heads
+        if _is_block_mask(mask):  # training layouts: block-sparse FlexAttention (dflash2.training.layout)
+            out = _flex_attention(Q.device)(Q, K.to(Q.dtype), V.to(Q.dtype), block_mask=mask, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(B, q, -1))
 
 
@@ -127,7 +150,7 @@ class DFlash2DraftModel(PreTrainedModel):
     config_class = DFlash2Config
     base_model_prefix = ""
     _no_split_modules = ["DraftDecoderLayer"]
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = False  # own switch: `layer_checkpointing` (training)
 
     def __init__(self, config: DFlash2Config):
         super().__init__(config)
@@ -213,6 +236,8 @@ class DFlash2DraftModel(PreTrainedModel):
     # ------------------------------------------------------------------ masks
     def _masks(self, pos_q, pos_k, valid_k, q, attention_mask):
         """Boolean masks `[B, 1, q, Kn]` (True = attend), one per distinct layer rule."""
+        if _is_block_mask(attention_mask):
+            return [attention_mask] * len(self.layers)
         if attention_mask is not None:
             m = attention_mask if attention_mask.dim() == 4 else attention_mask[:, None]
             return [m.bool()] * len(self.layers)
@@ -257,8 +282,9 @@ class DFlash2DraftModel(PreTrainedModel):
                 current length, which then grows by `context_lengths` (default `c`).
             use_cache: accepted for z-lab signature compatibility; the cache is used iff given.
             context_lengths: `[B]` number of valid new context tokens per row (cache only).
-            attention_mask: optional explicit bool mask `[B, (1,) q, c + q]`, True = attend
-                (training layouts with many blocks); without a cache only.
+            attention_mask: optional explicit bool mask `[B, (1,) q, c + q]`, True = attend, or a
+                FlexAttention `BlockMask` over the same grid (training layouts with many blocks);
+                without a cache only. Either replaces every layer's own causal/window rule.
             block_len: conv block length; default `q` (one block).
         Returns:
             `[B, q, H]` final-normed hidden states of the block positions.
@@ -291,8 +317,16 @@ class DFlash2DraftModel(PreTrainedModel):
         masks = self._masks(pos_blk, pos_k, valid_k, q, attention_mask)
 
         x = noise_embedding
+        # Training only (no cache, grad on): recompute each layer in backward to save memory.
+        ckpt = getattr(self, "layer_checkpointing", False) and cache is None and torch.is_grad_enabled()
         for layer, mask in zip(self.layers, masks):
-            x = layer(x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len or q)
+            if ckpt:
+                from torch.utils.checkpoint import checkpoint
+
+                x = checkpoint(layer, x, ctx, rope_blk, rope_ctx, mask, None, None, block_len or q,
+                               use_reentrant=False)
+            else:
+                x = layer(x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len or q)
         if cache is not None:
             cache.advance(counts)
         return self.norm(x)
@@ -301,14 +335,10 @@ class DFlash2DraftModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, path, *, dtype: torch.dtype | None = None, device=None, **_ignored):
         """Load a z-lab-format checkpoint dir (`DFlash2DraftModel` or v1 `DFlashDraftModel`)."""
-        from dflash2.checkpoint import load_draft
-
         return load_draft(cls, path, dtype=dtype, device=device)
 
     def save_pretrained(self, save_directory, **_ignored) -> None:
         """Write `config.json` + `model.safetensors` with the z-lab tensor names."""
-        from dflash2.checkpoint import save_draft
-
         save_draft(self, save_directory)
 
     # ------------------------------------------------------------------ generation

@@ -1,0 +1,104 @@
+"""`DistillConfig`: the structured Hydra schema of `train/distill.py` (typos fail with the field name).
+
+Groups: `target/`, `draft/`, `logger/`, `hardware/` are shared (`dflash2.runconfig`); `data/`,
+`train/` and `experiment/` live under `configs/distill/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dflash2.runconfig import DraftSpec, HardwareSpec, LoggerSpec, TargetSpec
+from dflash2.training.data import DataSpec
+from dflash2.training.losses import ObjectiveSpec
+
+
+@dataclass
+class TrainSpec:
+    """Optimization, objective and bookkeeping of one distillation run.
+
+    `batch_size` is GLOBAL (samples per optimizer step over all processes and micro-batches):
+    each process takes `batch_size / num_processes` samples in `grad_accum` micro-batches, so a
+    run on 1 or N processes sees the same samples per step.
+    """
+
+    name: str = "default"
+    seed: int = 0
+    batch_size: int = 4
+    grad_accum: int = 1
+    epochs: int = 1
+    max_steps: int | None = None          # None: epochs * (samples // batch_size)
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.0             # cosine floor as a fraction of lr
+    warmup_ratio: float = 0.04
+    weight_decay: float = 0.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0
+    num_anchors: int = 512
+    # Objective (see dflash2.training.losses for the spec-11 decisions).
+    loss: str = "ce"                      # ce | kl
+    gamma: float | None = None            # None: 7 for block 16 (5 for 10, 4 for 8)
+    selector_alpha: float = 1.0
+    selector_stop_grad: bool = False
+    predecessor: str = "data"             # data | self
+    codebooks: str = "free"               # free [V, R] tables (the checkpoint's form)
+    freeze: str = "none"                  # none | backbone (train only conv + selector)
+    # Memory / speed.
+    chunk_anchors: int = 64
+    checkpoint_head: bool = True
+    gradient_checkpointing: bool = False
+    attention: str = "auto"               # auto (flex on CUDA, dense on CPU) | flex | dense
+    pad_to: int = 0                       # pad S to a multiple (0: 256 on CUDA, 1 on CPU)
+    # Bookkeeping.
+    log_every: int = 1
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    eval_every: int = 0                   # 0: only at the end
+    eval_prompts: int = 8
+    eval_max_new_tokens: int = 64
+    export_dtype: str | None = None       # None: the target's dtype
+    progress: bool = True
+
+    def objective(self) -> ObjectiveSpec:
+        return ObjectiveSpec(loss=self.loss, gamma=self.gamma, selector_alpha=self.selector_alpha,
+                             selector_stop_grad=self.selector_stop_grad, predecessor=self.predecessor,
+                             chunk_anchors=self.chunk_anchors, checkpoint_head=self.checkpoint_head)
+
+    def check(self) -> None:
+        self.objective().check()
+        if self.batch_size < 1 or self.grad_accum < 1:
+            raise ValueError(f"train.batch_size={self.batch_size}, train.grad_accum={self.grad_accum}: use >= 1")
+        if self.codebooks != "free":
+            raise ValueError(f"train.codebooks={self.codebooks!r}: only free [V, R] codebooks are implemented")
+        if self.freeze not in ("none", "backbone"):
+            raise ValueError(f"train.freeze={self.freeze!r}: use none or backbone (train only conv + selector)")
+        if self.attention not in ("auto", "flex", "dense"):
+            raise ValueError(f"train.attention={self.attention!r}: use auto, flex or dense")
+        if self.num_anchors < 1:
+            raise ValueError(f"train.num_anchors={self.num_anchors}: use >= 1")
+
+
+@dataclass
+class DistillConfig:
+    target: TargetSpec = field(default_factory=TargetSpec)
+    draft: DraftSpec = field(default_factory=DraftSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    logger: LoggerSpec = field(default_factory=LoggerSpec)
+    hardware: HardwareSpec = field(default_factory=HardwareSpec)
+    output_dir: str = "outputs/distill"
+    resume: bool = False
+    init_from: str | None = None          # a v1 or v2 z-lab checkpoint dir to warm-start from
+    experiment_name: str | None = None    # set by experiment files, recorded in the export and W&B
+
+
+def register_distill_schema() -> None:
+    """Store the schema as `distill_schema` (the first entry of `configs/distill/distill.yaml`)
+    and the typed `train`/`data` nodes their groups merge into."""
+    from hydra.core.config_store import ConfigStore
+
+    from dflash2.runconfig import register_shared_groups
+
+    register_shared_groups()
+    cs = ConfigStore.instance()
+    cs.store(name="distill_schema", node=DistillConfig)

@@ -1,0 +1,266 @@
+"""Distillation objective (spec 3.4-3.5, 6.3) and the validation signals of DESIGN.md section 4.
+
+Per trained slot i >= 1 of a block anchored at p (teacher = target at p+i-1, label y = its argmax):
+
+    unary      CE(l_i, y)  (default)      or  KL(softmax(teacher) || softmax(l_i))   (loss=kl)
+    selector   C = topk(l_i, k); if y not in C: C[k-1] = y      (missing-target injection)
+               S = l_i[C] + transition(h_i, pred_i, C);  CE(S, index of y in C)
+    weights    w_i = exp(-(i-1)/gamma);  per row  sum_i w_i m_i loss_i / (sum_i m_i + 1e-5)
+    total      mean over rows of (unary + alpha * selector)
+
+Decisions (spec 11), stated once here:
+- predecessor `data` (default): pred_i = x_{p+i-1}, the data token (teacher forced; equals the
+  target's greedy token on regenerated data); `self`: the selector's own greedy pick at slot
+  i-1 (the serving walk is self-conditioned), slot 1 starting from the anchor.
+- CE on the teacher argmax by default (the DFlash paper), KL as an option; gamma 7 for B=16
+  (5 for 10, 4 for 8, else 7*B/16).
+- Nothing detached by default (speculators); `selector_stop_grad` makes the selector CE see
+  detached unary logits and hidden states, so the backbone learns from the unary loss only.
+- `teacher_forced_selector_acc` counts the selector's pick over the ORIGINAL top-k (no
+  injection) against all valid slots, so it is bounded by recall@K.
+
+The LM head dominates memory ([slots, V] fp32 logits), so the head and both losses run over
+chunks of anchors; with `checkpoint_head` each chunk's logits are recomputed in backward
+instead of kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from dflash2.kernels.selector.reference import transition_scores
+
+
+def default_gamma(block_size: int) -> float:
+    """Decay gamma paired with the block size (spec 3.5: 7 for 16; 5 for 10 and 4 for 8 recalled)."""
+    return {16: 7.0, 10: 5.0, 8: 4.0}.get(int(block_size), 7.0 * block_size / 16)
+
+
+def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
+    """`[Bk]` weights: 0 at the anchor slot, `exp(-(i-1)/gamma)` for i >= 1."""
+    i = torch.arange(block_size, dtype=torch.float32, device=device)
+    w = torch.exp(-(i - 1) / float(gamma))
+    w[0] = 0.0
+    return w
+
+
+@dataclass
+class ObjectiveSpec:
+    loss: str = "ce"                 # ce | kl
+    gamma: float | None = None       # None: default_gamma(block size)
+    selector_alpha: float = 1.0
+    selector_stop_grad: bool = False
+    predecessor: str = "data"        # data | self
+    chunk_anchors: int = 64          # anchors per head/loss chunk
+    checkpoint_head: bool = True     # recompute each chunk's logits in backward
+
+    def check(self) -> None:
+        if self.loss not in ("ce", "kl"):
+            raise ValueError(f"train.loss={self.loss!r}: use ce or kl")
+        if self.predecessor not in ("data", "self"):
+            raise ValueError(f"train.predecessor={self.predecessor!r}: use data or self")
+        if self.gamma is not None and not self.gamma > 0:
+            raise ValueError(f"train.gamma={self.gamma}: use a positive decay (7 for block 16) or null")
+        if self.chunk_anchors < 1:
+            raise ValueError(f"train.chunk_anchors={self.chunk_anchors}: use >= 1")
+
+
+def stat_names(block_size: int) -> list[str]:
+    n = block_size - 1
+    return ([f"pos_correct_{i}" for i in range(1, n + 1)] + [f"pos_count_{i}" for i in range(1, n + 1)]
+            + ["recall_hits", "tf_selector_hits", "slots", "blocks", "run_unary", "run_oracle", "run_path",
+               "target_mass"])
+
+
+def _lead(ok: torch.Tensor) -> torch.Tensor:
+    """Number of leading True along the last dim: `[..., n] -> [...]`."""
+    return ok.to(torch.int32).cumprod(-1).sum(-1)
+
+
+class DistillObjective(nn.Module):
+    """Wraps the draft (the very `DFlash2DraftModel` the engine runs) with the training loss, so
+    accelerate/DDP/FSDP wrap one module whose forward returns the loss.
+
+    The frozen target's `embed` and `head` are passed per call, never registered here.
+    """
+
+    def __init__(self, draft: nn.Module, spec: ObjectiveSpec):
+        super().__init__()
+        spec.check()
+        self.draft = draft
+        self.spec = spec
+        if draft.selector_enabled is False and spec.selector_alpha and spec.predecessor == "self":
+            raise ValueError("train.predecessor=self needs a DFlash2 draft (v1 has no selector)")
+        gamma = spec.gamma or default_gamma(draft.block_size)
+        self.register_buffer("weights", position_weights(draft.block_size, gamma), persistent=False)
+
+    def forward(self, batch: dict[str, torch.Tensor], mask, embed, head) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss of one micro-batch.
+
+        Args:
+            batch: `input_ids, position_ids [Bt, S]`, `features [Bt, S, n*H]`, `teacher_next [Bt, S]`
+                (target argmax at each position), `h_last [Bt, S, H]` (KL only), and the layout
+                tensors `block_ids, block_pos, data_idx, label_mask, pred_ids [Bt, A, Bk]`,
+                `anchor_valid [Bt, A]`.
+            mask: dense bool mask `[Bt, 1, Q, S+Q]` or a FlexAttention `BlockMask`.
+            embed, head: the target's frozen input embedding and LM head callables.
+        Returns:
+            `(loss scalar, parts [3 + len(stat_names)])`: detached `[loss, unary, selector]` then stats.
+        """
+        d, sp = self.draft, self.spec
+        block_ids = batch["block_ids"]
+        Bt, A, Bk = block_ids.shape
+        with torch.no_grad():
+            noise = d.noise_embedding(embed, block_ids.flatten(1))            # [Bt, Q, H]
+        pos = torch.cat([batch["position_ids"], batch["block_pos"].flatten(1)], dim=1)
+        h = d(pos, noise, batch["features"], attention_mask=mask, block_len=Bk)   # [Bt, Q, H]
+        h = h.view(Bt, A, Bk, -1)[:, :, 1:]                                  # slots 1..Bk-1
+        prev_idx = (batch["data_idx"] - 1).clamp(min=0)[:, :, 1:]            # teacher position p+i-1
+        y = batch["teacher_next"].gather(1, prev_idx.flatten(1)).view(Bt, A, Bk - 1)
+        m = batch["label_mask"][:, :, 1:]
+        # Per-row normalization (spec 3.5), then the mean over rows: identical under DDP sharding.
+        denom = m.sum(dim=(1, 2), dtype=torch.float32) + 1e-5                 # [Bt]
+        coef = self.weights[1:] * m / denom[:, None, None] / Bt               # [Bt, A, Bk-1]
+        pred = batch["pred_ids"][:, :, 1:]
+        anchor_tok = block_ids[:, :, 0]
+        h_last = batch.get("h_last")
+        unary = torch.zeros((), device=h.device)
+        selector = torch.zeros((), device=h.device)
+        stats = None
+        for a0 in range(0, A, sp.chunk_anchors):                             # chunks of anchors, not anchors
+            sl = slice(a0, a0 + sp.chunk_anchors)
+            teacher_h = None
+            if h_last is not None:
+                teacher_h = h_last.gather(1, prev_idx[:, sl].flatten(1)[..., None].expand(-1, -1, h_last.shape[-1]))
+                teacher_h = teacher_h.view(*prev_idx[:, sl].shape, -1)
+            args = (h[:, sl], y[:, sl], pred[:, sl], coef[:, sl], m[:, sl], anchor_tok[:, sl],
+                    batch["anchor_valid"][:, sl], teacher_h)
+            fn = lambda *a: self._chunk(head, *a)  # noqa: E731
+            if sp.checkpoint_head and torch.is_grad_enabled():
+                u, s, st = checkpoint(fn, *args, use_reentrant=False)
+            else:
+                u, s, st = fn(*args)
+            unary, selector = unary + u, selector + s
+            stats = st if stats is None else stats + st
+        loss = unary + sp.selector_alpha * selector
+        parts = torch.cat([torch.stack([loss, unary, selector]).detach().double(), stats])
+        return loss, parts
+
+    # ------------------------------------------------------------------ one chunk of anchors
+    def _chunk(self, head, h, y, pred, coef, m, anchor_tok, anchor_valid, teacher_h):
+        """Losses and stats of `c` anchors. Shapes: `h [Bt, c, n, H]`, `y, pred, coef, m [Bt, c, n]`,
+        `anchor_tok, anchor_valid [Bt, c]`, `teacher_h [Bt, c, n, H]` or None (n = Bk - 1)."""
+        d, sp = self.draft, self.spec
+        shape = y.shape                                                      # [Bt, c, n]
+        h, y, pred, coef, m = h.reshape(-1, h.shape[-1]), y.reshape(-1), pred.reshape(-1), coef.reshape(-1), m.reshape(-1)
+        logits = draft_logits(d, h, head)                                    # [N, V] fp32 (2-D: one GEMM)
+        mass = torch.zeros((), device=h.device, dtype=torch.float64)
+        if sp.loss == "ce":
+            ul = F.cross_entropy(logits, y, reduction="none")
+        else:
+            with torch.no_grad():
+                logp_t = F.log_softmax(head(teacher_h.reshape(-1, teacher_h.shape[-1])).float(), dim=-1)
+            ul = (logp_t.exp() * (logp_t - F.log_softmax(logits, dim=-1))).sum(-1)
+        unary = (coef * ul).sum()
+
+        sel = d.candidate_selector
+        k = min(d.config.selector_top_k, logits.shape[-1])
+        topv, topi = logits.detach().topk(k, dim=-1)                         # [N, k] sorted
+        in_top = topi == y[..., None]
+        hit = in_top.any(-1)
+        if sp.loss == "kl":
+            with torch.no_grad():
+                mass = (logp_t.exp().gather(-1, topi).sum(-1) * m).sum().double()
+        mb = m.bool()
+        selector = torch.zeros((), device=h.device)
+        tf_hits = torch.zeros((), device=h.device)
+        path_ok = torch.zeros_like(mb)
+        if sel is not None:
+            U = logits.detach() if sp.selector_stop_grad else logits
+            hs = h.detach() if sp.selector_stop_grad else h
+            eta = sel.gate(hs)                                               # [N, R]
+            with torch.no_grad():
+                picks = self._walk(topv.view(*shape, k), topi.view(*shape, k), eta.detach().view(*shape, -1),
+                                   anchor_tok).reshape(-1)                   # greedy walk, [N]
+            path_ok = picks == y
+            if sp.predecessor == "self":
+                pred = torch.cat([anchor_tok[..., None], picks.view(shape)[..., :-1]], dim=-1).reshape(-1)
+            cand = torch.cat([topi, y[..., None]], dim=-1)                   # [.., k+1]: top-k plus y
+            s_ext = U.gather(-1, cand) + transition_scores(pred, eta, cand, sel.predecessor_codebook,
+                                                           sel.successor_codebook)
+            s_orig = s_ext[..., :k]
+            s_inj = torch.where(hit[..., None], s_orig, torch.cat([s_orig[..., :k - 1], s_ext[..., k:]], -1))
+            label = torch.where(hit, in_top.to(torch.int64).argmax(-1), torch.full_like(y, k - 1))
+            sl = torch.logsumexp(s_inj, -1) - s_inj.gather(-1, label[..., None]).squeeze(-1)
+            selector = (coef * sl).sum()
+            with torch.no_grad():
+                tf_pick = topi.gather(-1, s_orig.detach().argmax(-1, keepdim=True)).squeeze(-1)
+                tf_hits = ((tf_pick == y) & mb).sum()
+        with torch.no_grad():
+            correct = ((topi[..., 0] == y) & mb).view(shape)
+            hit, mb, path_ok = hit.view(shape), mb.view(shape), path_ok.view(shape)
+            blocks = anchor_valid
+            st = torch.cat([
+                correct.sum(dim=(0, 1)).double(), mb.sum(dim=(0, 1)).double(),
+                torch.stack([(hit & mb).sum().double(), tf_hits.double(), mb.sum().double(),
+                             blocks.sum().double(),
+                             (_lead(correct) * blocks).sum().double(),
+                             (_lead(hit & mb) * blocks).sum().double(),
+                             (_lead(path_ok & mb) * blocks).sum().double(), mass])])
+        return unary, selector, st
+
+    def _walk(self, topv, topi, eta, anchor_tok):
+        """Greedy selector walk from the anchor over the unary top-k (the serving walk at T=0).
+        `topv, topi [Bt, c, n, k]`, `eta [Bt, c, n, R]`, `anchor_tok [Bt, c]` -> picks `[Bt, c, n]`."""
+        sel = self.draft.candidate_selector
+        prev, picks = anchor_tok, []
+        for j in range(topi.shape[2]):                                       # slots of a block (Bk-1)
+            s = topv[:, :, j] + transition_scores(prev, eta[:, :, j], topi[:, :, j], sel.predecessor_codebook,
+                                                  sel.successor_codebook)
+            prev = topi[:, :, j].gather(-1, s.argmax(-1, keepdim=True)).squeeze(-1)
+            picks.append(prev)
+        return torch.stack(picks, dim=-1)
+
+
+def draft_logits(draft, h: torch.Tensor, head) -> torch.Tensor:
+    """`draft.head_logits` for training: the same `softcap(multiplier * head(h))` in fp32, minus
+    the identity multiply/softcap passes (each a full [N, V] op in forward and backward)."""
+    cfg = draft.config
+    z = head(h).float()
+    if cfg.output_multiplier != 1.0:
+        z = z * cfg.output_multiplier
+    if cfg.final_logit_softcapping > 0:
+        z = cfg.final_logit_softcapping * torch.tanh(z / cfg.final_logit_softcapping)
+    return z
+
+
+def summarize_stats(parts: torch.Tensor, block_size: int, n_micro: int = 1) -> dict[str, float]:
+    """Turn summed `parts` (from `DistillObjective.forward`, added over micro-batches and
+    processes) into the logged metrics. tau figures include the bonus (pooled over blocks)."""
+    vals = parts.double().cpu().tolist()
+    loss, unary, selector = (v / max(n_micro, 1) for v in vals[:3])
+    names = stat_names(block_size)
+    st = dict(zip(names, vals[3:]))
+    n = block_size - 1
+    slots, blocks = max(st["slots"], 1.0), max(st["blocks"], 1.0)
+    acc = [st[f"pos_correct_{i}"] / max(st[f"pos_count_{i}"], 1.0) for i in range(1, n + 1)]
+    out = {"loss": loss, "loss_unary": unary, "loss_selector": selector,
+           "full_acc": sum(st[f"pos_correct_{i}"] for i in range(1, n + 1)) / slots,
+           "tau_proxy": 1.0 + st["run_unary"] / blocks,
+           "eal": sum(math.prod(acc[:j]) for j in range(1, n + 1)),
+           "recall_at_k": st["recall_hits"] / slots,
+           "oracle_tau": 1.0 + st["run_oracle"] / blocks,
+           "tf_selector_acc": st["tf_selector_hits"] / slots,
+           "path_tau": 1.0 + st["run_path"] / blocks,
+           "slots": st["slots"], "blocks": st["blocks"]}
+    if st["target_mass"]:
+        out["target_mass_at_k"] = st["target_mass"] / slots
+    for i, a in enumerate(acc, start=1):
+        out[f"acc_pos_{i}"] = a
+    return out

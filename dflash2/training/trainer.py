@@ -1,0 +1,391 @@
+"""The distillation loop (DESIGN.md section 4): frozen target online, accelerate for devices.
+
+Per optimizer step, on each process:
+
+    samples   this rank's share of the global batch (order = permutation of (seed, epoch))
+    anchors   up to A per sample, drawn from (seed, epoch, sample index)      layout.sample_anchors
+    target    one no-grad forward with a block-diagonal causal mask (packed documents never see
+              each other): features at target_layer_ids, final-normed last state -> teacher argmax
+    draft     DistillObjective: blocks + mask (FlexAttention on CUDA, dense on CPU), chunked head,
+              unary + alpha * selector loss; backward, clip, AdamW, cosine-with-warmup
+
+Everything a step depends on is a function of (seed, step) and the saved state, so a killed run
+resumed from `DIR/checkpoints/step_<n>/` reproduces the uninterrupted loss curve (bit-identical
+on CPU fp32), and a 2-process run matches a 1-process run at the same global batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import resource
+import time
+from pathlib import Path
+
+import torch
+
+from dflash2.training.data import TrainingData, collate
+from dflash2.training.layout import anchor_seed, build_layout, dense_mask, flex_block_mask, sample_anchors
+from dflash2.training.losses import DistillObjective, summarize_stats
+from dflash2.training.metrics import MetricsJsonl, WandbSink, console_postfix
+from dflash2.training import state as st
+
+
+class TrainingDivergedError(RuntimeError):
+    """A loss part or the gradient became NaN/inf; the message names the step and the part."""
+
+
+def cosine_with_warmup(optimizer, warmup: int, total: int, min_ratio: float):
+    """LambdaLR: linear warmup over `warmup` steps, then cosine from 1 to `min_ratio`."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(warmup, 1)
+        progress = (step - warmup) / max(total - warmup, 1)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def pad_to_multiple(batch: dict[str, torch.Tensor], multiple: int) -> dict[str, torch.Tensor]:
+    """Pad `[B, S]` tensors on the right to a multiple of `multiple` (stable shapes for compiled
+    FlexAttention); padding follows `collate` (ids 0, masks 0, doc -1)."""
+    S = batch["input_ids"].shape[1]
+    extra = (-S) % max(multiple, 1)
+    if not extra:
+        return batch
+    fill = {"doc_ids": -1}
+    return {k: torch.nn.functional.pad(v, (0, extra), value=fill.get(k, 0)) for k, v in batch.items()}
+
+
+@torch.no_grad()
+def target_pass(target, batch: dict[str, torch.Tensor], layer_ids: list[int], *, keep_last: bool,
+                chunk: int = 1024) -> dict[str, torch.Tensor]:
+    """Features, teacher argmax (and the final-normed state for KL) of packed sequences.
+
+    Args:
+        target: `TargetModel`; batch: `input_ids, position_ids, doc_ids [Bt, S]`.
+        layer_ids: the draft's `target_layer_ids`; keep_last: also return `h_last`.
+        chunk: positions per head call for the argmax ([Bt, chunk, V] live at once).
+    Returns:
+        `features [Bt, S, n*H]`, `teacher_next [Bt, S]` (argmax of the target's logits at each
+        position, i.e. its greedy next token), and `h_last [Bt, S, H]` when `keep_last`.
+    """
+    ids, doc = batch["input_ids"], batch["doc_ids"]
+    S = ids.shape[1]
+    causal = torch.ones(S, S, dtype=torch.bool, device=ids.device).tril()
+    mask = ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]        # [Bt, 1, S, S] block-diagonal
+    last = target.num_layers - 1
+    want = list(layer_ids) + ([last] if last not in layer_ids else [])
+    out = target(ids, position_ids=batch["position_ids"], attention_mask=mask, layer_ids=want, logits_to_keep=1)
+    H = target.hidden_size
+    feats = out.features
+    j = want.index(last)
+    h_last = feats[..., j * H:(j + 1) * H]
+    teacher = torch.cat([target.head(h_last[:, s:s + chunk]).argmax(-1) for s in range(0, S, chunk)], dim=1)
+    res = {"features": feats[..., :len(layer_ids) * H], "teacher_next": teacher}
+    if keep_last:
+        res["h_last"] = h_last
+    return res
+
+
+class Distiller:
+    """One distillation run. `fit()` trains, checkpoints, evaluates and exports `DIR/final/`.
+
+    Args:
+        cfg: `DistillConfig` (or an object with the same fields).
+        target, tokenizer: the frozen `TargetModel` and its tokenizer.
+        data: `TrainingData` (packed train sequences, held-out sequences and prompts, format hash).
+        out_dir: the run directory (already checked by `prepare_output_dir`).
+        draft: optional prebuilt draft (else `init_from` or a new one from `cfg.draft`).
+        accelerator: optional `accelerate.Accelerator` (else one is made from `cfg.hardware`).
+    """
+
+    def __init__(self, cfg, target, tokenizer, data: TrainingData, out_dir, *, draft=None, accelerator=None):
+        from accelerate import Accelerator
+
+        from dflash2.runconfig import new_draft, resolve_device
+        from dflash2.training.export import warm_start
+
+        self.cfg, self.tc = cfg, cfg.train
+        self.tc.check()
+        self.target, self.tokenizer, self.data = target, tokenizer, data
+        self.out_dir = Path(out_dir)
+        device = resolve_device(cfg.hardware)
+        if accelerator is None:
+            mp = cfg.hardware.mixed_precision if device.type == "cuda" else "no"
+            accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mp)
+        self.acc = accelerator
+        self.device = accelerator.device
+        if draft is None:
+            if cfg.init_from:
+                draft = warm_start(cfg.init_from, cfg.draft.architecture, cfg.draft)
+            else:
+                draft = new_draft(cfg.draft, target, tokenizer, seed=self.tc.seed)
+        target.check_compatible(draft.config)   # vocab / hidden / layer ids vs this target
+        self.draft = draft.float().to(self.device).train()
+        self.draft.layer_checkpointing = bool(self.tc.gradient_checkpointing)
+        if self.tc.freeze == "backbone":
+            if not draft.config.is_dflash2:
+                raise ValueError("train.freeze=backbone trains only conv + selector, which a v1 draft does not have")
+            for name, p in self.draft.named_parameters():
+                p.requires_grad_(any(k in name for k in ("attention_conv", "mlp_conv", "candidate_selector")))
+        self.layer_ids = list(draft.config.target_layer_ids)
+        self.block = draft.block_size
+
+        n = len(data.train)
+        self.world = accelerator.num_processes
+        if self.tc.batch_size % (self.world * self.tc.grad_accum):
+            raise ValueError(f"train.batch_size={self.tc.batch_size} must divide into {self.world} processes x "
+                             f"train.grad_accum={self.tc.grad_accum} micro-batches")
+        self.micro = self.tc.batch_size // (self.world * self.tc.grad_accum)
+        self.steps_per_epoch = n // self.tc.batch_size
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"{n} training sequences is fewer than train.batch_size={self.tc.batch_size}; "
+                             "lower the batch size or add data")
+        self.total_steps = self.tc.max_steps or self.tc.epochs * self.steps_per_epoch
+
+        objective = DistillObjective(self.draft, self.tc.objective()).to(self.device)
+        params = [p for p in self.draft.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=self.tc.lr, betas=tuple(self.tc.adam_betas),
+                                weight_decay=self.tc.weight_decay)
+        self.scheduler = cosine_with_warmup(opt, int(self.tc.warmup_ratio * self.total_steps), self.total_steps,
+                                            self.tc.min_lr_ratio)
+        self.start_step, resume_state = 0, None
+        ckpt = st.latest_checkpoint(self.out_dir) if cfg.resume else None
+        if ckpt is not None:
+            st.load_draft_weights(self.draft, ckpt)
+            resume_state = st.load_state(ckpt)
+            self.start_step = int(resume_state["step"])
+        self.model, self.optimizer = accelerator.prepare(objective, opt)
+        if resume_state is not None:
+            self.optimizer.load_state_dict(resume_state["optimizer"])
+            self.scheduler.load_state_dict(resume_state["scheduler"])
+            st.set_rng_state(resume_state["rng"])
+        self.params = params
+        self.attention = self.tc.attention if self.tc.attention != "auto" else (
+            "flex" if self.device.type == "cuda" else "dense")
+        self.pad_to = self.tc.pad_to or (256 if self.device.type == "cuda" else 1)
+        if self.attention == "flex" and self.device.type == "cuda":
+            import torch._dynamo as dynamo
+
+            # One compiled FlexAttention per padded length: allow more than the default 8.
+            for knob in ("cache_size_limit", "recompile_limit"):
+                if hasattr(dynamo.config, knob):
+                    setattr(dynamo.config, knob, max(64, getattr(dynamo.config, knob)))
+
+    # ------------------------------------------------------------------ data
+    def _rank_indices(self, step: int) -> tuple[int, list[int]]:
+        """(epoch, this rank's sample indices) of optimizer step `step` (0-based)."""
+        epoch, b = divmod(step, self.steps_per_epoch)
+        g = torch.Generator().manual_seed(anchor_seed(self.tc.seed, epoch, -1))
+        order = torch.randperm(len(self.data.train), generator=g)
+        gb = order[b * self.tc.batch_size:(b + 1) * self.tc.batch_size].tolist()
+        per_rank = self.tc.batch_size // self.world
+        r = self.acc.process_index
+        return epoch, gb[r * per_rank:(r + 1) * per_rank]
+
+    def make_batch(self, samples: list[dict], keys: list[tuple[int, int]]) -> tuple[dict, object]:
+        """Device batch (target outputs + layout) and its attention mask for `samples`, whose anchors
+        are drawn from `keys` = [(epoch, index)] per sample."""
+        A = self.tc.num_anchors
+        anchors, valid = zip(*(sample_anchors(s["loss_mask"], s["doc_ids"], A,
+                                              torch.Generator().manual_seed(anchor_seed(self.tc.seed, e, i)))
+                               for s, (e, i) in zip(samples, keys)))
+        batch = pad_to_multiple(collate(samples), self.pad_to)
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        anchors, valid = torch.stack(anchors).to(self.device), torch.stack(valid).to(self.device)
+        lay = build_layout(batch["input_ids"], batch["loss_mask"], batch["position_ids"], batch["doc_ids"],
+                           anchors, valid, self.block, self.draft.config.mask_token_id)
+        tgt = target_pass(self.target, batch, self.layer_ids, keep_last=self.tc.loss == "kl")
+        if self.acc.mixed_precision == "no":   # fp32 draft without autocast: feed it fp32
+            tgt = {k: (v.float() if v.is_floating_point() else v) for k, v in tgt.items()}
+        if self.attention == "flex":
+            mask = flex_block_mask(lay, batch["doc_ids"], batch["position_ids"], self.draft.config,
+                                   compile=self.device.type == "cuda")
+        else:
+            mask = dense_mask(lay, batch["doc_ids"], batch["position_ids"], self.draft.config)
+        out = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], **tgt,
+               "block_ids": lay.block_ids, "block_pos": lay.block_pos, "data_idx": lay.data_idx,
+               "label_mask": lay.label_mask, "pred_ids": lay.pred_ids, "anchor_valid": lay.anchor_valid,
+               "_tokens": int(sum(int(s["input_ids"].numel()) for s in samples))}
+        return out, mask
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.target.head(h.to(self.target.dtype) if not torch.is_autocast_enabled(h.device.type) else h)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        e = self.target.embed(ids)
+        return e if self.acc.mixed_precision != "no" else e.float()
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Forward/backward over this rank's micro-batches, clip, optimizer and scheduler step.
+        Returns `(parts summed over micro-batches, grad norm, tokens)`; raises on NaN/inf."""
+        epoch, idx = self._rank_indices(step)
+        self.model.train()
+        parts, tokens = None, 0
+        chunks = [idx[j:j + self.micro] for j in range(0, len(idx), self.micro)]
+        for j, mb in enumerate(chunks):
+            batch, mask = self.make_batch([self.data.train[i] for i in mb], [(epoch, i) for i in mb])
+            tokens += batch.pop("_tokens")
+            sync = contextlib.nullcontext() if j == len(chunks) - 1 else self.acc.no_sync(self.model)
+            with sync:
+                with self.acc.autocast():
+                    loss, p = self.model(batch, mask, self._embed, self._head)
+                self.acc.backward(loss / len(chunks))
+            parts = p if parts is None else parts + p
+        grad_norm = self.acc.clip_grad_norm_(self.params, self.tc.grad_clip)
+        self._check_finite(step + 1, parts, grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return parts, grad_norm.detach().float(), tokens
+
+    def _check_finite(self, step: int, parts: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        vals = torch.cat([parts[:3].float(), grad_norm.detach().float().reshape(1)]).cpu()   # one host sync
+        for name, v in zip(("total", "unary", "selector", "gradient norm"), vals.tolist()[:4]):
+            if name != "total" and not math.isfinite(v):
+                last = st.latest_checkpoint(self.out_dir)
+                raise TrainingDivergedError(
+                    f"non-finite {name} ({v}) at step {step}: training stopped before the optimizer step; "
+                    f"last good checkpoint: {last or 'none yet'} (nothing was written after it). "
+                    "Lower train.lr, check the data, or resume from that checkpoint.")
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Held-out proxy metrics (training forward, no grad) and real tau from the engine."""
+        from dflash2.engine import speculative_generate
+        from dflash2.runconfig import stop_token_ids
+
+        objective = self.acc.unwrap_model(self.model)
+        was = objective.training
+        objective.eval()
+        out: dict[str, float] = {}
+        held = self.data.heldout
+        if held:
+            parts = None
+            for j in range(0, len(held), max(self.micro, 1)):
+                sub = list(range(j, min(j + max(self.micro, 1), len(held))))
+                batch, mask = self.make_batch([held[i] for i in sub], [(-1, i) for i in sub])
+                batch.pop("_tokens")
+                with self.acc.autocast():
+                    _, p = objective(batch, mask, self._embed, self._head)
+                parts = p if parts is None else parts + p
+            proxy = summarize_stats(parts, self.block, n_micro=1)
+            out.update({"eval/tau_proxy": proxy["tau_proxy"], "eval/path_tau": proxy["path_tau"],
+                        "eval/recall_at_k": proxy["recall_at_k"]})
+        prompts = self.data.heldout_prompts[: self.tc.eval_prompts]
+        if prompts and self.tc.eval_max_new_tokens > 0:
+            draft = self.draft
+            if draft.dtype != self.target.dtype:
+                import copy
+
+                draft = copy.deepcopy(draft).to(self.target.dtype)
+            draft.eval()
+            res = speculative_generate(self.target, draft, [torch.tensor(p) for p in prompts],
+                                       max_new_tokens=self.tc.eval_max_new_tokens,
+                                       stop_token_ids=stop_token_ids(self.tokenizer))
+            stats = res.stats()
+            out["eval/tau_real"] = float(stats["tau_pooled"])
+            if "eval/tau_proxy" in out:
+                out["eval/gap"] = out["eval/tau_proxy"] - out["eval/tau_real"]
+        objective.train(was)
+        self.draft.train(was)
+        return out
+
+    # ------------------------------------------------------------------ loop
+    def fit(self) -> Path:
+        """Train from `start_step` to `total_steps`; returns `DIR/final/`."""
+        from tqdm.auto import tqdm
+
+        from dflash2.training.export import export_final
+
+        main = self.acc.is_main_process
+        tc = self.tc
+        sink = jsonl = None
+        if main:
+            jsonl = MetricsJsonl(self.out_dir / "metrics.jsonl", self.start_step if self.cfg.resume else None)
+            sink = WandbSink(self.cfg.logger, self.out_dir, _plain(self.cfg), self.cfg.experiment_name)
+        bar = tqdm(total=self.total_steps, initial=self.start_step, disable=not (main and tc.progress),
+                   desc="distill", dynamic_ncols=True)
+        window, win_steps, win_tokens, t0 = None, 0, 0, time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            for step in range(self.start_step, self.total_steps):
+                lr = self.scheduler.get_last_lr()[0]
+                parts, gnorm, tokens = self.train_step(step)
+                window = parts if window is None else window + parts
+                win_steps, win_tokens = win_steps + 1, win_tokens + tokens
+                done = step + 1
+                if done % tc.log_every == 0 or done == self.total_steps:
+                    summed = self.acc.reduce(window.to(self.device), reduction="sum")
+                    tok = int(self.acc.reduce(torch.tensor([win_tokens], device=self.device), reduction="sum").item())
+                    dt = time.perf_counter() - t0
+                    row = {"step": done, "epoch": step // self.steps_per_epoch, "lr": lr,
+                           **summarize_stats(summed, self.block, n_micro=win_steps * self.world * tc.grad_accum),
+                           "grad_norm": float(gnorm), "samples_per_s": win_steps * tc.batch_size / dt,
+                           "tokens_per_s": tok / dt, "peak_mem_gb": _peak_mem_gb(self.device)}
+                    if main:
+                        jsonl.write(row)
+                        sink.log(row, done)
+                        bar.set_postfix(console_postfix(row))
+                    window, win_steps, win_tokens, t0 = None, 0, 0, time.perf_counter()
+                bar.update(1)
+                if tc.eval_every and done % tc.eval_every == 0 and done != self.total_steps:
+                    self._eval_and_log(done, main, jsonl, sink)
+                if done % tc.checkpoint_every == 0 and done != self.total_steps:
+                    self._save(done)
+            final = self.out_dir / "final"
+            self._save(self.total_steps)
+            self._eval_and_log(self.total_steps, main, jsonl, sink)
+            if main:
+                dtype = getattr(torch, tc.export_dtype) if tc.export_dtype else self.target.dtype
+                export_final(self.draft, final, self._export_info(), dtype=dtype)
+            self.acc.wait_for_everyone()
+            return final
+        finally:
+            bar.close()
+            if sink is not None:
+                sink.finish()
+
+    def _eval_and_log(self, step: int, main: bool, jsonl, sink) -> None:
+        if main:
+            row = {"step": step, **self.evaluate(step)}
+            if len(row) > 1:
+                jsonl.write(row)
+                sink.log(row, step)
+        self.acc.wait_for_everyone()
+
+    def _save(self, step: int) -> None:
+        self.acc.wait_for_everyone()
+        if self.acc.is_main_process and not st.checkpoint_dir(self.out_dir, step).exists():
+            st.save_checkpoint(self.out_dir, step, self.draft, self.optimizer, self.scheduler,
+                               {"epoch": step // self.steps_per_epoch, "index": step % self.steps_per_epoch},
+                               self.tc.keep_checkpoints)
+        self.acc.wait_for_everyone()
+
+    def _export_info(self) -> dict:
+        return {"format_hash": self.data.format_hash, "steps": self.total_steps,
+                "data": getattr(self.cfg.data, "name", None), "experiment": self.cfg.experiment_name,
+                "target": getattr(self.cfg.target, "name", None), "loss": self.tc.loss,
+                "predecessor": self.tc.predecessor, "selector_alpha": self.tc.selector_alpha}
+
+
+def _peak_mem_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # Linux: KiB -> GiB
+
+
+def _plain(cfg) -> dict:
+    try:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    except Exception:   # a plain dataclass built in tests without OmegaConf support
+        from dataclasses import asdict, is_dataclass
+
+        return asdict(cfg) if is_dataclass(cfg) else {}
