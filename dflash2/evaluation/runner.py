@@ -1,0 +1,403 @@
+"""The evaluation runner: arms interleaved per prompt, one JSONL record per (arm, sample).
+
+    for each chunk of samples (batch_size prompts; MT-Bench turn 2 after every turn 1):
+        AR arm first, then the other arms in an order rotated per chunk
+        each arm: speculative_generate(...) -> one record per sample, appended and flushed
+
+Records follow the contract in `dflash2/evaluation/stats.py` (see `records.md`); statistics
+and reports are computed afterwards from the records alone (`stats.summarize`,
+`report.write_report`). Each sample's seed is a hash of (seed, sample_id), so batching,
+ordering and resuming never change a sample's draws. With `resume=true`, finished
+(arm, sample) pairs are skipped; a run directory whose `run.json` holds another run identity
+is refused.
+
+Per distinct output, one extra target forward gives the mean log-probability of the tokens;
+for outputs that depart from the AR arm's, the AR sequence's forward gives the target's
+top-1/top-2 logit margin at the first differing position (near-ties vs. bugs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from dflash2.evaluation import datasets as ds
+from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm
+from dflash2.evaluation.config import run_identity, to_container, validate
+from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval
+from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion, load_judge
+
+log = logging.getLogger(__name__)
+
+RECORDS, RUN_JSON, SUMMARY = "records.jsonl", "run.json", "summary.json"
+
+
+def sample_seed(base: int, sample_id: str) -> int:
+    """Per-sample seed in [0, 2^63): a hash of the base seed and the sample id only."""
+    digest = hashlib.sha256(f"{int(base)}:{sample_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def prompt_hash(ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(list(map(int, ids))).encode()).hexdigest()[:16]
+
+
+def read_records(path: Path) -> list[dict]:
+    """Records of `path`; a torn last line (a killed run) is dropped and cut from the file so
+    appending continues on a clean line."""
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    good_end, out = 0, []
+    for line in raw.splitlines(keepends=True):
+        try:
+            if not line.endswith(b"\n"):
+                raise ValueError("torn line")
+            out.append(json.loads(line))
+            good_end += len(line)
+        except ValueError:
+            log.warning("records: dropping a torn line at byte %d of %s (killed run)", good_end, path)
+            break
+    if good_end != len(raw):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    return out
+
+
+def draft_training_format_hash(draft_path: str | None) -> str | None:
+    """The prompt-format hash a checkpoint was distilled with, if its config records one
+    (`dflash2_training.format_hash`, or `dflash2_training.prompt_format.hash`)."""
+    if not draft_path:
+        return None
+    try:
+        cfg = json.loads((Path(draft_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    train = cfg.get("dflash2_training") or {}
+    if not isinstance(train, dict):
+        return None
+    fmt = train.get("prompt_format")
+    return train.get("format_hash") or (fmt.get("hash") if isinstance(fmt, dict) else None)
+
+
+def _draft_fingerprint(draft_path: str | None) -> dict | None:
+    if not draft_path:
+        return None
+    p = Path(draft_path)
+    files = sorted(f for f in p.iterdir() if f.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes() if f.name.endswith(".json") else str(f.stat().st_size).encode())
+    return {"draft_files_sha": h.hexdigest()[:16]}
+
+
+class EvalRunner:
+    """Runs one evaluation (one point of a Hydra grid).
+
+    Args:
+        cfg: an `EvalConfig` (OmegaConf node or dataclass).
+        out_dir: the prepared output directory.
+    """
+
+    def __init__(self, cfg, out_dir: str | Path):
+        from dflash2.kernels.dispatch import resolve_impl
+        from dflash2.runconfig import load_target, prompt_format, resolve_device, stop_token_ids
+
+        validate(cfg)
+        self.cfg, self.out = cfg, Path(out_dir)
+        self.device = resolve_device(cfg.hardware)
+        self.target, self.tok = load_target(cfg.target, self.device)
+        self.stops = stop_token_ids(self.tok)
+        self.fmt = prompt_format(self.tok, enable_thinking=cfg.data.enable_thinking,
+                                 system_prompt=cfg.data.system_prompt, few_shot=cfg.data.few_shot)
+        self.impl = resolve_impl("auto", self.device)
+        self.draft = self._load_draft()
+        self.arms = build_arms(cfg.arms, has_draft=self.draft is not None,
+                               draft_has_selector=bool(self.draft is not None and self.draft.selector_enabled))
+        self.run_id, self.identity = run_identity(cfg, self.fmt.to_dict(), _draft_fingerprint(cfg.draft_path))
+        self.judge = load_judge(cfg.judge)
+        self.limits = SandboxLimits(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb,
+                                    max_processes=cfg.sandbox.max_processes)
+        self._exec_cache: dict[tuple[str, str], dict] = {}
+        self._ar_top: dict[str, tuple[list, list]] = {}  # sample_id -> AR top-2 logits/ids per position
+
+    # ------------------------------------------------------------------ setup
+    def _load_draft(self):
+        from dflash2.modeling import DFlash2DraftModel
+        from dflash2.runconfig import new_draft
+
+        cfg = self.cfg
+        needs = cfg.arms.dflash2 or cfg.arms.selector_off
+        if not needs:
+            return None
+        if cfg.draft_path:
+            path = Path(cfg.draft_path)
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(f"draft_path={path} has no config.json; give a draft checkpoint directory")
+            draft = DFlash2DraftModel.from_pretrained(path, dtype=self.target.dtype, device=self.device)
+            trained = draft_training_format_hash(cfg.draft_path)
+            if trained is not None and trained != self.fmt.hash:
+                msg = (f"\n{'!' * 88}\nPROMPT FORMAT MISMATCH: draft {path} was distilled on prompt format {trained}, "
+                       f"this run uses {self.fmt.hash} ({self.fmt.to_dict()}).\nAcceptance will be lower than "
+                       f"the drafter can reach; match data.enable_thinking / data.system_prompt / the chat template.\n"
+                       f"{'!' * 88}")
+                log.warning(msg)
+                print(msg, flush=True)
+        else:
+            log.warning("draft_path is null: using a fresh, untrained %s draft (smoke runs only)", cfg.draft.name)
+            draft = new_draft(cfg.draft, self.target, self.tok, seed=cfg.draft_seed)
+            draft = draft.to(device=self.device, dtype=self.target.dtype)
+        self.target.check_compatible(draft.config)
+        return draft.eval().requires_grad_(False)
+
+    def _samples(self) -> tuple[list[tuple[ds.EvalItem, int]], list[tuple[ds.EvalItem, int]]]:
+        """(first-turn samples, MT-Bench second-turn samples), each as (item, turn)."""
+        d = self.cfg.data
+        first, second = [], []
+        for name in d.datasets:
+            for item in ds.load_items(name, source=d.source, limit=d.limit, shuffle=d.shuffle, seed=d.seed):
+                first.append((item, 1))
+                if len(item.turns) > 1:
+                    second.append((item, 2))
+        return first, second
+
+    def _prompt(self, item: ds.EvalItem, turn: int, ar_by_id: dict[str, dict]) -> list[int]:
+        from dflash2.runconfig import encode_chat
+
+        prev = []
+        if turn > 1:
+            # Every arm sees the AR arm's earlier answers: the turn-2 prompt is the same for all arms.
+            prev = [ar_by_id[item.sample_id(t)]["text"] for t in range(1, turn)]
+        msgs = ds.messages_for(item, turn, prev, few_shot=self.cfg.data.few_shot, source=self.cfg.data.source)
+        return encode_chat(self.tok, msgs, self.fmt)
+
+    # ------------------------------------------------------------------ target forwards
+    @torch.no_grad()
+    def _target_rows(self, prompt: list[int], gen: list[int]) -> torch.Tensor:
+        """fp32 target logits `[G+1, V]` predicting gen[0..G-1] and the token after gen."""
+        ids = torch.tensor([prompt + gen], dtype=torch.long, device=self.device)
+        out = self.target(ids, logits_to_keep=len(gen) + 1)
+        return out.logits[0].float()
+
+    def _logprob_mean(self, rows: torch.Tensor, gen: list[int]) -> float | None:
+        if not gen:
+            return None
+        t = float(self.cfg.temperature) or 1.0
+        lp = torch.log_softmax(rows[: len(gen)] / t, dim=-1)  # [G, V]
+        return float(lp.gather(1, torch.tensor(gen, device=lp.device)[:, None]).mean())
+
+    # ------------------------------------------------------------------ scoring
+    def _score(self, item: ds.EvalItem, text: str) -> tuple[bool | None, dict]:
+        if item.dataset == "gsm8k":
+            return gsm8k_correct(text, item.reference), {}
+        if item.dataset == "humaneval":
+            completion = humaneval_completion(text, item.problem)
+            key = (item.item_id, completion)
+            if key not in self._exec_cache:
+                self._exec_cache[key] = check_humaneval(item.problem, completion, self.limits)
+            res = self._exec_cache[key]
+            return bool(res["passed"]), {"exec_result": res["result"], "sandbox": res["isolation"]}
+        return None, {}
+
+    # ------------------------------------------------------------------ main loop
+    def _check_identity(self, resume: bool) -> None:
+        path = self.out / RUN_JSON
+        if path.exists():
+            old = json.loads(path.read_text())
+            if old.get("run_id") != self.run_id:
+                a, b = old.get("identity", {}), self.identity
+                changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+                raise RuntimeError(
+                    f"output_dir={self.out} holds run {old.get('run_id')}, this config is run {self.run_id} "
+                    f"(changed: {', '.join(changed) or '?'}); refusing to append. Use a new output_dir, or "
+                    f"restore the original settings to resume.")
+        elif (self.out / RECORDS).exists() and resume:
+            raise RuntimeError(f"output_dir={self.out} has records but no {RUN_JSON}; cannot verify the run "
+                               "identity, refusing to append. Use a new output_dir.")
+        path.write_text(json.dumps({"run_id": self.run_id, "experiment": self.cfg.experiment_name,
+                                    "prompt_format": self.fmt.to_dict(), "identity": self.identity},
+                                   indent=2, sort_keys=True, default=str))
+
+    def run(self) -> list[dict]:
+        """Generate every missing (arm, sample) record. Returns all records of the run."""
+        self._check_identity(bool(self.cfg.resume))
+        rec_path = self.out / RECORDS
+        records = read_records(rec_path)
+        done = {(r["arm"], r["sample_id"]) for r in records}
+        ar_by_id = {r["sample_id"]: r for r in records if r["arm"] == "ar"}
+        first, second = self._samples()
+        total = (len(first) + len(second)) * len(self.arms)
+        self._warmup()
+        bar = tqdm(total=total, initial=min(len(done), total), desc="samples x arms", unit="gen")
+        with open(rec_path, "a") as fh:
+            for phase in (first, second):
+                bs = int(self.cfg.batch_size)
+                for c, start in enumerate(range(0, len(phase), bs)):
+                    chunk = phase[start: start + bs]
+                    others = self.arms[1:]
+                    k = c % len(others) if others else 0
+                    for arm in [self.arms[0]] + others[k:] + others[:k]:
+                        todo = [(it, t) for it, t in chunk if (arm.label, it.sample_id(t)) not in done]
+                        if not todo:
+                            continue
+                        for rec in self._run_arm(arm, todo, ar_by_id):
+                            fh.write(json.dumps(rec) + "\n")
+                            fh.flush()
+                            records.append(rec)
+                            done.add((rec["arm"], rec["sample_id"]))
+                            if arm.kind == "ar":
+                                ar_by_id[rec["sample_id"]] = rec
+                            bar.update(1)
+        bar.close()
+        return records
+
+    def _warmup(self) -> None:
+        """One short untimed generation per arm kind, so one-time setup (allocations, kernel
+        selection, lazy imports) is not charged to the first sample's first arm."""
+        from dflash2.engine import speculative_generate
+
+        prompt = self.tok("warm up", add_special_tokens=False)["input_ids"] or [0]
+        ar = speculative_generate(self.target, None, [prompt], max_new_tokens=4, temperature=self.cfg.temperature,
+                                  seed=0)
+        for arm in self.arms[1:]:
+            if arm.kind == "oracle":
+                continue
+            d = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl)
+            speculative_generate(self.target, d, [prompt], max_new_tokens=4, num_speculative_tokens=arm.num_speculative_tokens,
+                                 temperature=self.cfg.temperature, seed=0)
+        del ar
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _run_arm(self, arm: Arm, todo: list[tuple[ds.EvalItem, int]], ar_by_id: dict[str, dict]) -> list[dict]:
+        from dflash2.engine import speculative_generate
+
+        cfg = self.cfg
+        sids = [it.sample_id(t) for it, t in todo]
+        prompts = [self._prompt(it, t, ar_by_id) for it, t in todo]
+        seeds = [sample_seed(cfg.seed, s) for s in sids]
+        refs = None
+        if arm.kind == "oracle":
+            refs = [p + ar_by_id[s]["tokens"] for p, s in zip(prompts, sids)]
+        draft = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl, references=refs,
+                              seeds=seeds, accept_prob=cfg.arms.oracle_accept_prob)
+        t0 = self._clock()
+        out = speculative_generate(
+            self.target, draft, prompts, max_new_tokens=cfg.max_new_tokens,
+            num_speculative_tokens=arm.num_speculative_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+            top_k=cfg.top_k, seed=seeds[0], stop_token_ids=self.stops)
+        wall = self._clock() - t0
+        recs = []
+        for b, ((item, turn), sid) in enumerate(zip(todo, sids)):
+            gen = out.generated[b].tolist()
+            text = self.tok.decode(gen, skip_special_tokens=True)
+            correct, extra = self._score(item, text)
+            rec = {
+                "run_id": self.run_id, "arm": arm.label, "arm_kind": arm.kind,
+                "num_speculative_tokens": arm.num_speculative_tokens, "temperature": float(cfg.temperature),
+                "dataset": item.dataset, "sample_id": sid, "category": item.category, "seed": seeds[b],
+                "prompt_hash": prompt_hash(prompts[b]), "prompt_tokens": len(prompts[b]), "tokens": gen,
+                "text": text, "wall_s": wall / len(todo), "batch_size": len(todo), "steps": len(out.accepted[b]),
+                "accepted": list(map(int, out.accepted[b])), "finish_reason": out.finish_reasons[b],
+                "correct": correct, "logprob_mean": None, "identical_to_ar": None, "departure": None,
+                "target": cfg.target.name, "draft_path": cfg.draft_path,
+                "num_draft_layers": (int(self.draft.config.num_hidden_layers)
+                                     if self.draft is not None and arm.kind in ("spec", "selector_off") else None),
+                **extra,
+            }
+            self._compare(rec, prompts[b], ar_by_id.get(sid))
+            if self.judge is not None and item.dataset == "mt_bench":
+                answers = [ar_by_id[item.sample_id(t)]["text"] for t in range(1, turn)] + [text]
+                rec["judge_score"] = float(self.judge(item.raw, answers))
+            recs.append(rec)
+        return recs
+
+    def _compare(self, rec: dict, prompt: list[int], ar: dict | None) -> None:
+        """Fill logprob_mean, identical_to_ar and departure (AR-arm rows cached on the AR record)."""
+        gen = rec["tokens"]
+        need_lp = self.cfg.compute_logprob
+        if rec["arm_kind"] == "ar":
+            rows = self._target_rows(prompt, gen) if (need_lp or self.cfg.compute_departure) else None
+            if rows is not None:
+                top = torch.topk(rows, 2, dim=-1)  # [G+1, 2] for departures of the other arms
+                self._ar_top[rec["sample_id"]] = (top.values.tolist(), top.indices.tolist())
+            rec["logprob_mean"] = self._logprob_mean(rows, gen) if need_lp else None
+            return
+        if ar is None:
+            return
+        ar_gen = ar["tokens"]
+        rec["identical_to_ar"] = gen == ar_gen
+        if rec["identical_to_ar"]:
+            rec["logprob_mean"] = ar.get("logprob_mean") if need_lp else None
+            return
+        if need_lp:
+            rec["logprob_mean"] = self._logprob_mean(self._target_rows(prompt, gen), gen)
+        if self.cfg.compute_departure:
+            i = next((j for j, (a, b) in enumerate(zip(gen, ar_gen)) if a != b), min(len(gen), len(ar_gen)))
+            cached = self._ar_top.get(rec["sample_id"])
+            if cached is None:  # resumed run: the AR record came from disk
+                top = torch.topk(self._target_rows(prompt, ar_gen), 2, dim=-1)
+                cached = (top.values.tolist(), top.indices.tolist())
+                self._ar_top[rec["sample_id"]] = cached
+            vals, ids = cached
+            rec["departure"] = {"position": int(i), "margin": float(vals[i][0] - vals[i][1]),
+                                "top1": int(ids[i][0]), "top2": int(ids[i][1])}
+
+
+def run_checks(records: list[dict], checks) -> dict:
+    """Post-run assertions (see `ChecksSpec`); returns their values and pass flags."""
+    out: dict = {}
+    by_arm: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_arm[r["arm"]].append(r)
+    oracle = {a: sum(sum(r["accepted"]) for r in rs) / max(1, sum(r["steps"] for r in rs))
+              for a, rs in by_arm.items() if rs[0]["arm_kind"] == "oracle"}
+    if oracle:
+        out["oracle_mean_accepted_per_step"] = oracle
+    if checks.oracle_min_accepted is not None:
+        ok = bool(oracle) and all(v >= checks.oracle_min_accepted for v in oracle.values())
+        out["oracle_min_accepted"] = {"threshold": checks.oracle_min_accepted, "passed": ok}
+    spec = [r for r in records if r["arm_kind"] != "ar"]
+    differing = sorted({f"{r['arm']}:{r['sample_id']}" for r in spec if r["identical_to_ar"] is False})
+    out["identical_to_ar"] = {"records": len(spec), "differing": differing[:50], "n_differing": len(differing)}
+    if checks.require_identical:
+        out["identical_to_ar"]["passed"] = not differing and all(r["identical_to_ar"] for r in spec)
+    return out
+
+
+def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = None) -> dict:
+    """Summary, report, terminal table, W&B; then fail loudly if a check failed."""
+    from dflash2.evaluation import report, stats
+
+    summary = stats.summarize(records, n_resamples=cfg.stats.n_resamples, seed=cfg.stats.seed,
+                              accuracy_margin=cfg.stats.accuracy_margin)
+    summary["checks"] = run_checks(records, cfg.checks)
+    if runner is not None:
+        summary["run_id"], summary["prompt_format"] = runner.run_id, runner.fmt.to_dict()
+    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, default=str))
+    config = to_container(cfg)
+    report.write_report(out_dir, records, summary, config=config)
+    report.print_summary(summary)
+    try:
+        from dflash2.evaluation import wandb_log
+    except ImportError:
+        log.warning("dflash2.evaluation.wandb_log is not available; skipping W&B")
+    else:
+        wandb_dir = wandb_log.log_run(summary, records, cfg.logger, config, out_dir)
+        if wandb_dir:
+            log.info("W&B run directory: %s", wandb_dir)
+    failed = [k for k, v in summary["checks"].items() if isinstance(v, dict) and v.get("passed") is False]
+    if failed:
+        raise RuntimeError(f"evaluation checks failed: {failed}: {json.dumps({k: summary['checks'][k] for k in failed})}")
+    return summary
