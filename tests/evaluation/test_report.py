@@ -68,3 +68,29 @@ def test_optional_plots(run, tmp_path):
     assert make_figures(s_ar) == {}
     write_report(tmp_path, ar_only, s_ar)
     assert "<td>ar</td>" in (tmp_path / "report.html").read_text()
+
+
+def test_eval_report_script_rebuilds_from_records(run, tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    recs, s = run
+    script = Path(__file__).resolve().parents[2] / "eval" / "report.py"
+    spec = importlib.util.spec_from_file_location("eval_report_script", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    lines = [json.dumps(r) for r in recs]
+    (tmp_path / "records.jsonl").write_text("\n".join(lines) + "\n" + lines[0][:40])  # torn last line
+    (tmp_path / "summary.json").write_text(json.dumps({"checks": {"identical_to_ar": {"passed": True}}}))
+    (tmp_path / "preds.json").write_text(json.dumps({"dflash2@N=5": 2.0}))
+    out = mod.main([str(tmp_path), "--n-resamples", "200", "--predictions", str(tmp_path / "preds.json")])
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["checks"] == {"identical_to_ar": {"passed": True}}  # the run's own keys are kept
+    assert saved["per_arm"]["dflash2@N=5"]["overall"]["tau_pooled"] == s["per_arm"]["dflash2@N=5"]["overall"][
+        "tau_pooled"] == out["per_arm"]["dflash2@N=5"]["overall"]["tau_pooled"]
+    assert (tmp_path / "plots" / "predicted_vs_measured_speedup.png").is_file()
+    assert "dflash2@N=5" in capsys.readouterr().out
+    (tmp_path / "records.jsonl").write_text(lines[0] + "\n{bad\n" + lines[1] + "\n")
+    with pytest.raises(ValueError, match=r"records.jsonl:2"):
+        mod.main([str(tmp_path)])

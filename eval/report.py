@@ -1,0 +1,100 @@
+"""Rebuild DIR/summary.json, DIR/report.html and DIR/report.md from an existing DIR/records.jsonl
+(no model, no GPU): after changing a statistic, adding a cost model's predictions, or copying
+records off a GPU machine.
+
+    python eval/report.py DIR
+    python eval/report.py DIR --predictions predicted_speedup.json     # {"dflash2@N=7": 2.9, ...}
+    python eval/report.py DIR --n-resamples 10000 --wandb offline       # also (re)log to W&B
+
+Keys of an existing summary.json that come from the run rather than the records (`checks`,
+`run_id`, `prompt_format`) are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a fresh clone without install
+
+KEEP = ("checks", "run_id", "prompt_format")
+
+
+def read_records(path: Path) -> list[dict]:
+    """Records of a JSONL file; a malformed line fails with its number (a torn last line from a
+    killed run is skipped with a warning)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; pass the run directory that eval/run.py wrote")
+    lines = path.read_text().splitlines()
+    out = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines):
+                print(f"warning: {path}:{i} is a truncated last line (killed run?); skipped", file=sys.stderr)
+                continue
+            raise ValueError(f"{path}:{i} is not valid JSON ({e.msg}); fix or remove that line") from e
+    if not out:
+        raise ValueError(f"{path} holds no records")
+    return out
+
+
+def read_config(run_dir: Path) -> dict | None:
+    """The run's config: Hydra's `.hydra/config.yaml` (unresolved), else `run.json`."""
+    hydra_cfg = run_dir / ".hydra" / "config.yaml"
+    if hydra_cfg.is_file():
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(OmegaConf.load(hydra_cfg), resolve=False)
+    run_json = run_dir / "run.json"
+    return json.loads(run_json.read_text()) if run_json.is_file() else None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", type=Path, help="directory holding records.jsonl")
+    ap.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    ap.add_argument("--accuracy-margin", type=float, default=0.02, help="TOST margin on accuracy (0.02 = 2 points)")
+    ap.add_argument("--logprob-margin", type=float, default=0.05, help="TOST margin on mean log-prob (nats/token)")
+    ap.add_argument("--predictions", type=Path, default=None, help="JSON {arm: predicted speedup} from a cost model")
+    ap.add_argument("--wandb", choices=["disabled", "offline", "online"], default="disabled",
+                    help="also log to W&B (default: disabled)")
+    ap.add_argument("--wandb-project", default="dflash2")
+    ap.add_argument("--wandb-entity", default=None)
+    args = ap.parse_args(argv)
+
+    from dflash2.evaluation.report import print_summary, write_report
+    from dflash2.evaluation.stats import summarize
+
+    run_dir = args.run_dir
+    records = read_records(run_dir / "records.jsonl")
+    summary = summarize(records, n_resamples=args.n_resamples, seed=args.seed,
+                        accuracy_margin=args.accuracy_margin, logprob_margin=args.logprob_margin)
+    old_path = run_dir / "summary.json"
+    if old_path.is_file():
+        old = json.loads(old_path.read_text())
+        summary.update({k: old[k] for k in KEEP if k in old})
+    old_path.write_text(json.dumps(summary, indent=2))
+    predictions = json.loads(args.predictions.read_text()) if args.predictions else None
+    config = read_config(run_dir)
+    path = write_report(run_dir, records, summary, config=config, predictions=predictions)
+    print_summary(summary)
+    if args.wandb != "disabled":
+        from dflash2.evaluation.wandb_log import log_run
+        from dflash2.runconfig import LoggerSpec
+
+        logger = LoggerSpec(mode=args.wandb, project=args.wandb_project, entity=args.wandb_entity)
+        wandb_dir = log_run(summary, records, logger, config or {}, run_dir, predictions=predictions)
+        print(f"W&B run directory: {wandb_dir}")
+    print(f"summary: {old_path}\nreport:  {path}\nmarkdown: {run_dir / 'report.md'}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
