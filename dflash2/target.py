@@ -6,10 +6,16 @@ on its decoder layers (a public extension point): layer id `i` is the output of 
 Only the layers the draft needs are kept, so no full `hidden_states` tuple is materialized.
 HF records the *final-normed* state as the last `hidden_states` entry, and z-lab-trained drafts
 saw exactly that tuple, so for the last layer id we capture the final norm's output instead.
+
+transformers renamed the cache keyword of `forward` from `past_key_values` to `cache` (5.24
+takes both but warns on the old name, which goes away in 5.40; 5.17 knows only the old one).
+`cache_keyword` reads the installed model's signature once, so every supported version gets
+the name it declares and no deprecation warning.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +46,7 @@ class TargetModel(nn.Module):
         self.model = model
         decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         self.decoder_layers = decoder.layers
+        self.cache_keyword = cache_keyword(model)
         self.layer_ids = list(layer_ids) if layer_ids is not None else []
         self._capture: dict[int, torch.Tensor] | None = None
         last = len(self.decoder_layers) - 1
@@ -172,14 +179,26 @@ class TargetModel(nn.Module):
         if bad:
             raise ValueError(f"layer_ids {bad} out of range for a target with {self.num_layers} layers")
         self._capture = {i: None for i in ids}
+        kw = self.cache_keyword
         try:
             out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids,
-                             past_key_values=past_key_values, use_cache=past_key_values is not None,
-                             logits_to_keep=logits_to_keep, **kwargs)
+                             use_cache=past_key_values is not None, logits_to_keep=logits_to_keep,
+                             **{kw: past_key_values}, **kwargs)
             feats = torch.cat([self._capture[i] for i in ids], dim=-1) if ids else None
         finally:
             self._capture = None
-        return TargetOutput(out.logits, feats, getattr(out, "past_key_values", None))
+        # The output field was renamed with the keyword; reading the old name warns on 5.24.
+        return TargetOutput(out.logits, feats, out.get(kw))
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """The cache keyword `model.forward` declares: `"cache"` (transformers >= 5.24) or
+    `"past_key_values"` (older releases, and models whose signature we cannot read)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def as_target(model, layer_ids: Sequence[int] | None = None) -> TargetModel:
