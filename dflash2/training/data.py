@@ -56,6 +56,7 @@ class DataSpec:
     source: str = "gsm8k"
     path: str | None = None
     split: str = "train"
+    subset: str | None = None        # hub dataset configuration (e.g. `main` for openai/gsm8k)
     prompt_field: str = "question"
     messages_field: str = "messages"
     limit: int | None = None
@@ -138,11 +139,12 @@ def _load_raw(spec: DataSpec):
             raise ValueError("data.source=hub needs data.path=<hub dataset name or local dataset directory>")
         check_dataset_name(spec.path, spec.split)
         try:
-            return datasets.load_dataset(spec.path, split=spec.split)
+            return datasets.load_dataset(spec.path, spec.subset, split=spec.split)
         except Exception as e:
             raise RuntimeError(
-                f"data.path={spec.path!r} split={spec.split!r} could not be loaded ({type(e).__name__}: {e}); "
-                "check the name and split, or that the hub is reachable (HF_HUB_OFFLINE unset)") from e
+                f"data.path={spec.path!r} subset={spec.subset!r} split={spec.split!r} could not be loaded "
+                f"({type(e).__name__}: {e}); check the name and split, or that the hub is reachable "
+                "(HF_HUB_OFFLINE unset)") from e
     raise ValueError(f"data.source={spec.source!r} is unknown; use one of {', '.join(SOURCES)}")
 
 

@@ -74,7 +74,8 @@ def _existing(out: Path, fmt: PromptFormat, target_name: str) -> set[str]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{out}:{lineno}: not valid JSON ({e.msg}); fix or delete that line, then resume") from None
+            msg = f"{out}:{lineno}: not valid JSON ({e.msg}); fix or delete that line, then resume"
+            raise ValueError(msg) from None
         if row.get("format_hash") != fmt.hash:
             raise ValueError(
                 f"{out}:{lineno}: written with prompt format {row.get('format')} but this run uses {fmt.to_dict()}; "
