@@ -6,6 +6,14 @@ A checkpoint is a directory with `config.json` and safetensors (one file, or sha
 `DFlash2DraftModel` (`fc.weight`, `layers.{i}.attention_conv.base_kernel`,
 `candidate_selector.predecessor_codebook`, ...): no `embed_tokens`, no `lm_head`, codebooks
 without a `.weight` suffix. safetensors only: pickle files are refused.
+
+The contract is written out here as data (`expected_tensor_shapes`), so this module needs only
+the config and the model imports it, not the other way round; loading with
+`load_state_dict(strict=True)` then proves that the model and the contract agree.
+
+Loading checks everything before building the model, so a bad checkpoint raises and nothing
+half-loaded is returned: unreadable, truncated or corrupted files, non-floating or non-finite
+tensors, and directories that hold more than one checkpoint each name the file at fault.
 """
 
 from __future__ import annotations
@@ -14,10 +22,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from dflash2.config import DFlash2Config
+from dflash2.config import DFlash2Config, DFlash2ConfigError
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -32,34 +40,91 @@ class CheckpointMismatchError(ValueError):
     """The checkpoint's tensors do not match what its config implies."""
 
 
+class CheckpointFileError(ValueError):
+    """A checkpoint file is unreadable, truncated, corrupted, holds non-floating or non-finite
+    tensors, or sits beside another checkpoint; the message names the file and the fix."""
+
+
 def _dtype_from_config(config: DFlash2Config) -> torch.dtype | None:
+    # `config.check()` has already refused non-floating dtype names.
     dt = getattr(config, "dtype", None)
     if isinstance(dt, torch.dtype):
         return dt
-    if isinstance(dt, str) and hasattr(torch, dt):
-        return getattr(torch, dt)
+    if isinstance(dt, str) and isinstance(getattr(torch, dt.removeprefix("torch."), None), torch.dtype):
+        return getattr(torch, dt.removeprefix("torch."))
     return None
 
 
+def _read_index(path: Path) -> dict[str, str]:
+    """`weight_map` (tensor name -> shard file name) of `model.safetensors.index.json`."""
+    index_file = path / INDEX_NAME
+    try:
+        weight_map = json.loads(index_file.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointFileError(f"{index_file}: not a safetensors index ({type(e).__name__}: {e}). Fix: "
+                                  "restore it (it maps every tensor name to its shard under 'weight_map')") from e
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointFileError(f"{index_file}: 'weight_map' must map tensor names to shard file names")
+    return weight_map
+
+
 def _weight_files(path: Path) -> list[Path]:
+    """The safetensors files of the one checkpoint in `path`; a second checkpoint is an error,
+    because merging two sets of tensors would silently mix their weights."""
+    present = sorted(path.glob("*.safetensors"))
     if (path / INDEX_NAME).is_file():
-        index = json.loads((path / INDEX_NAME).read_text())
-        return sorted({path / f for f in index["weight_map"].values()})
-    files = sorted(path.glob("*.safetensors"))
-    if files:
+        files = sorted({path / f for f in _read_index(path).values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointFileError(f"{path / INDEX_NAME} lists shards {missing} that are not in {path}. Fix: "
+                                      "copy the missing shards (or re-download the checkpoint)")
+        stray = [f.name for f in present if f not in files]
+        if stray:
+            raise CheckpointFileError(
+                f"{path} holds {stray} besides the shards listed in {INDEX_NAME}: two checkpoints in one "
+                "directory. Fix: keep one checkpoint per directory (move the other files out)")
         return files
+    if len(present) > 1:
+        raise CheckpointFileError(
+            f"{path} holds {len(present)} safetensors files {[f.name for f in present]} but no {INDEX_NAME}, so "
+            f"they are not the shards of one checkpoint. Fix: keep one checkpoint per directory ({WEIGHTS_NAME}, "
+            "or shards with their index)")
+    if present:
+        return present
     pickles = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
     hint = f" (found pickle files {pickles}; convert them to safetensors first)" if pickles else ""
     raise FileNotFoundError(f"no *.safetensors in {path}{hint}")
 
 
 def expected_tensor_shapes(config: DFlash2Config) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor a checkpoint with this config must hold."""
-    from dflash2.modeling.draft import DFlash2DraftModel
-
-    with torch.device("meta"):
-        model = DFlash2DraftModel(config)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    """Name -> shape of every tensor a checkpoint with this config must hold (the z-lab
+    contract: `DFlash2DraftModel`'s state dict, without the non-persistent RoPE buffers)."""
+    H, I, V, hd = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
+    nh, nkv = config.num_attention_heads, config.num_key_value_heads
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (H, len(config.target_layer_ids) * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    projections = {"q_proj": (nh * hd, H), "k_proj": (nkv * hd, H), "v_proj": (nkv * hd, H), "o_proj": (H, nh * hd)}
+    for i in range(config.num_hidden_layers):
+        p = f"layers.{i}."
+        for name, shape in projections.items():
+            shapes[f"{p}self_attn.{name}.weight"] = shape
+            if config.attention_bias:
+                shapes[f"{p}self_attn.{name}.bias"] = shape[:1]
+        shapes.update({f"{p}self_attn.q_norm.weight": (hd,), f"{p}self_attn.k_norm.weight": (hd,),
+                       f"{p}mlp.gate_proj.weight": (I, H), f"{p}mlp.up_proj.weight": (I, H),
+                       f"{p}mlp.down_proj.weight": (H, I), f"{p}input_layernorm.weight": (H,),
+                       f"{p}post_attention_layernorm.weight": (H,)})
+        if config.is_dflash2:
+            K, G = config.conv_kernel_size, H // config.conv_group_size
+            for conv in ("attention_conv", "mlp_conv"):
+                shapes[f"{p}{conv}.base_kernel"] = (2, K, H)
+                shapes[f"{p}{conv}.kernel_projection.weight"] = (2 * K * G, H)
+    if config.is_dflash2:
+        R = config.selector_rank
+        shapes.update({"candidate_selector.hidden_projection.weight": (R, H),
+                       "candidate_selector.predecessor_codebook": (V, R),
+                       "candidate_selector.successor_codebook": (V, R)})
+    return shapes
 
 
 def check_tensors(config: DFlash2Config, found: dict[str, tuple[int, ...]]) -> None:
@@ -83,20 +148,73 @@ def check_tensors(config: DFlash2Config, found: dict[str, tuple[int, ...]]) -> N
                 "target_layer_ids, conv_kernel_size, conv_group_size and selector_rank")
 
 
-def read_tensors(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for f in _weight_files(Path(path)):
+def _read_file(f: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
+    """Every tensor of one safetensors file, or a `CheckpointFileError` naming the file."""
+    fix = "re-download or re-export the checkpoint"
+    try:
         with safe_open(str(f), framework="pt", device=str(device)) as fh:
-            for name in fh.keys():
-                out[_SUFFIXED_ALIASES.get(name, name)] = fh.get_tensor(name)
+            tensors = {name: fh.get_tensor(name) for name in fh.keys()}
+    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+        raise CheckpointFileError(f"{f}: not a readable safetensors file, it is truncated or corrupted "
+                                  f"({f.stat().st_size} bytes; safetensors says: {e}). Fix: {fix}") from e
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            raise CheckpointFileError(
+                f"{f}: tensor '{name}' has dtype {t.dtype}; draft weights are floating point (bf16/fp16/fp32). "
+                "Fix: export unquantized floating-point weights")
+        if not bool(torch.isfinite(t).all()):
+            raise CheckpointFileError(f"{f}: tensor '{name}' contains NaN or inf (a corrupted file or a diverged "
+                                      f"run). Fix: {fix}, or export an earlier training step")
+    return tensors
+
+
+def read_tensors(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """All tensors of the checkpoint in `path` (codebook aliases renamed); each name must come
+    from exactly one file, and from the shard the index names for it."""
+    path = Path(path)
+    weight_map = _read_index(path) if (path / INDEX_NAME).is_file() else None
+    out: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
+    for f in _weight_files(path):
+        for raw_name, t in _read_file(f, device).items():
+            # Shards and index must describe the same checkpoint, tensor by tensor.
+            if weight_map is not None and weight_map.get(raw_name) != f.name:
+                raise CheckpointFileError(
+                    f"{f}: holds tensor '{raw_name}', which {INDEX_NAME} places in {weight_map.get(raw_name)!r}: "
+                    "the shards and the index belong to different checkpoints. Fix: re-download the checkpoint")
+            name = _SUFFIXED_ALIASES.get(raw_name, raw_name)
+            if name in origin:
+                raise CheckpointFileError(f"tensor '{name}' is stored twice, in {origin[name]} and in {f}: two "
+                                          "checkpoints in one directory. Fix: keep one checkpoint per directory")
+            out[name], origin[name] = t, f
+    if weight_map is not None:
+        absent = sorted(n for n in weight_map if _SUFFIXED_ALIASES.get(n, n) not in out)
+        if absent:
+            raise CheckpointFileError(f"{path / INDEX_NAME} lists tensors {absent[:3]} that no shard holds. "
+                                      "Fix: re-download the checkpoint")
     return out
 
 
 def load_draft(cls, path, *, dtype: torch.dtype | None = None, device=None):
-    """Build `cls(config)` from a checkpoint directory with strict names and shapes."""
+    """Build `cls(config)` from a checkpoint directory with strict names and shapes.
+
+    Every check (config fields, files, tensor names, shapes, dtypes, values) runs before the
+    model is built, so an error never leaves a half-loaded model behind.
+    """
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json (a DFlash checkpoint is a directory)")
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except ValueError as e:
+        raise DFlash2ConfigError(f"{path / 'config.json'}: not valid JSON ({e}). Fix: restore the file "
+                                 "(it is the draft's config, written by save_pretrained)") from e
+    if not isinstance(raw, dict):
+        raise DFlash2ConfigError(f"{path / 'config.json'}: holds a {type(raw).__name__}, not a JSON object. "
+                                 "Fix: restore the file")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype={dtype!r}: draft weights load as a floating torch dtype. "
+                         "Fix: pass torch.bfloat16, torch.float16 or torch.float32 (or None: the checkpoint's)")
     config = DFlash2Config.from_pretrained(str(path))
     config.check()
     device = torch.device(device or "cpu")
@@ -116,6 +234,11 @@ def load_draft(cls, path, *, dtype: torch.dtype | None = None, device=None):
 def save_draft(model, save_directory) -> None:
     out = Path(save_directory)
     out.mkdir(parents=True, exist_ok=True)
+    others = [f.name for f in out.glob("*.safetensors") if f.name != WEIGHTS_NAME]
+    if others or (out / INDEX_NAME).is_file():
+        # Writing beside them would leave two checkpoints in one directory, which loading refuses.
+        raise CheckpointFileError(f"{out} already holds another checkpoint ({others or [INDEX_NAME]}). "
+                                  "Fix: save into an empty directory, or remove those files first")
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     model.config.dtype = next(iter(state.values())).dtype
     model.config.save_pretrained(str(out))
