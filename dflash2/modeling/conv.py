@@ -14,11 +14,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dflash2.kernels.dispatch import resolve_impl
+from dflash2.kernels.dynamic_conv import grouped_dynamic_conv
 
 
 class GroupedDynamicConv(nn.Module):
     """Parameters keep the checkpoint layout: `base_kernel [2, K, H]`,
-    `kernel_projection.weight [2*K*G, H]` (row = side*K*G + tap*G + group)."""
+    `kernel_projection.weight [2*K*G, H]` (row = side*K*G + tap*G + group).
+
+    `impl` (`auto | torch | triton`) is resolved once, at the first forward after it is set or
+    after the module moves (`.to(...)`): resolving reads the environment (TRITON_INTERPRET) and
+    probes for Triton, which has no place in a per-step forward (STYLE 3).
+    """
 
     def __init__(self, hidden_size: int, kernel_size: int, group_size: int, impl: str = "auto"):
         super().__init__()
@@ -28,8 +35,23 @@ class GroupedDynamicConv(nn.Module):
         self.num_groups = hidden_size // group_size
         self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden_size))
         self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.num_groups, bias=False)
+        self._resolved: str | None = None
         self.impl = impl
         self.reset_to_identity()
+
+    @property
+    def impl(self) -> str:
+        """The requested implementation, `"auto" | "torch" | "triton"`."""
+        return self._impl
+
+    @impl.setter
+    def impl(self, value: str) -> None:
+        self._impl, self._resolved = value, None
+
+    def _apply(self, fn, recurse=True):
+        # A move to another device can change what "auto" means: resolve again on next use.
+        self._resolved = None
+        return super()._apply(fn, recurse)
 
     @torch.no_grad()
     def reset_to_identity(self) -> None:
@@ -43,10 +65,9 @@ class GroupedDynamicConv(nn.Module):
 
     def forward(self, z: torch.Tensor, proj: torch.Tensor, side: int, block_len: int) -> torch.Tensor:
         """Apply side 0 (prepare) or 1 (finish) to `z [B, T, H]`; returns `[B, T, H]`."""
-        from dflash2.kernels.dispatch import resolve_impl
-        from dflash2.kernels.dynamic_conv import grouped_dynamic_conv
-
-        impl = resolve_impl(self.impl, z.device)
+        if self._resolved is None:
+            self._resolved = resolve_impl(self._impl, self.base_kernel.device)
+        impl = self._resolved
         # Inputs choose the path (STYLE 5): anything that needs autograd runs the reference.
         if torch.is_grad_enabled() and (z.requires_grad or proj.requires_grad or self.base_kernel.requires_grad):
             impl = "torch"
