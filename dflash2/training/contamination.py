@@ -5,9 +5,11 @@ we report on them. Checking dataset *names* is not enough (a local JSONL called 
 can hold GSM8K test questions, and public SFT mixes do: spec 3.1 notes 10/1000 GSM8K prompts
 in Nemotron-v2 and 29/164 HumanEval tasks in evol-codealpaca), so the guard compares prompt
 *content*: every user turn is normalized (NFKC, lowercase, whitespace collapsed, punctuation
-stripped at the edges) and refused when it equals, or contains, a normalized evaluation
-prompt. Containment is found through a hash index keyed by each evaluation prompt's first
-words, so a check costs O(words) per training prompt, not O(evaluation prompts).
+stripped at the edges) and refused when it equals a normalized evaluation prompt, or contains
+one of at least `KEY_WORDS` words (shorter ones, like MT-Bench's "Can you parallelize it?",
+would flag innocent prompts). Containment is found through a hash index keyed by each
+evaluation prompt's first words, so a check costs O(words) per training prompt, not
+O(evaluation prompts).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 # Words used to key an evaluation prompt in the containment index. Eight words make a key
-# that ordinary prose or code rarely repeats; shorter evaluation prompts use all their words.
+# that ordinary prose or code rarely repeats; shorter evaluation prompts match only exactly.
 KEY_WORDS = 8
 _EDGE = string.punctuation + string.whitespace + "\u201c\u201d\u2018\u2019"
 _WS = re.compile(r"\s+")
@@ -55,13 +57,12 @@ class EvalIndex:
 
     Attributes:
         exact: normalized prompt -> evaluation id (e.g. `gsm8k-test/12`, `HumanEval/3`, `mt_bench/81/turn2`).
-        by_key: key of the first `min(KEY_WORDS, n)` words -> list of (normalized prompt, id).
-        key_lengths: the distinct key lengths present (1..KEY_WORDS).
+        by_key: key of the first `KEY_WORDS` words -> list of (normalized prompt, id), for
+            evaluation prompts of at least `KEY_WORDS` words.
     """
 
     exact: dict[str, str] = field(default_factory=dict)
     by_key: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
-    key_lengths: set[int] = field(default_factory=set)
 
     def add(self, text: str, eval_id: str) -> None:
         norm = normalize(text)
@@ -69,9 +70,8 @@ class EvalIndex:
             return
         self.exact.setdefault(norm, eval_id)
         words = norm.split(" ")
-        k = min(KEY_WORDS, len(words))
-        self.by_key.setdefault(_key(words[:k]), []).append((norm, eval_id))
-        self.key_lengths.add(k)
+        if len(words) >= KEY_WORDS:
+            self.by_key.setdefault(_key(words[:KEY_WORDS]), []).append((norm, eval_id))
 
     def __len__(self) -> int:
         return len(self.exact)
@@ -84,12 +84,11 @@ class EvalIndex:
         hit = self.exact.get(norm)
         if hit is not None:
             return hit
-        words = norm.split(" ")
-        for k in self.key_lengths:
-            for i in range(len(words) - k + 1):
-                for cand, eval_id in self.by_key.get(_key(words[i:i + k]), ()):
-                    if _contains_words(norm, cand):
-                        return eval_id
+        words = [w.strip(_EDGE) for w in norm.split(" ")]
+        for i in range(len(words) - KEY_WORDS + 1):
+            for cand, eval_id in self.by_key.get(" ".join(words[i:i + KEY_WORDS]), ()):
+                if _contains_words(norm, cand):
+                    return eval_id
         return None
 
 

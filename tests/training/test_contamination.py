@@ -79,4 +79,7 @@ def test_clean_data_and_near_misses_pass():
     changed = q.replace("16", "17", 1)  # one number changed: a different problem
     assert changed != q and idx.match(changed) is None
     assert idx.match("Prefix text. " + q + " Suffix?") == "gsm8k-test/0"
+    # Short evaluation prompts (MT-Bench "Can you parallelize it?") match only exactly.
+    assert idx.match("Here is my loop: for x in xs: f(x). Can you parallelize it?") is None
+    assert idx.match("Can you  PARALLELIZE it?") == "mt_bench/121/turn2"
     assert len(idx) > 1319 + 164  # GSM8K test, HumanEval, MT-Bench turns
