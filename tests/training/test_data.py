@@ -175,6 +175,11 @@ def test_sources(tmp_path):
     spec = DataSpec(name="sg", source="jsonl", path=_write(tmp_path / "sg.jsonl", rows), messages_field="conversations")
     ds = load_conversations(spec)
     assert ds["id"] == ["a", "b"] and ds[0]["messages"][1] == {"role": "assistant", "content": "hello"}
+    hub_dir = tmp_path / "hubds"
+    hub_dir.mkdir()
+    _write(hub_dir / "train.jsonl", [{"prompt": "Tell me a joke."}, {"prompt": "Name a river."}])
+    ds = load_conversations(DataSpec(name="h", source="hub", path=str(hub_dir), prompt_field="prompt"))
+    assert ds["id"] == ["h/0", "h/1"] and ds[1]["messages"] == [{"role": "user", "content": "Name a river."}]
 
 
 # ---------------------------------------------------------------------------- bad input
