@@ -90,9 +90,14 @@ def gsm8k_reference(answer: str) -> Fraction:
 
 
 def gsm8k_correct(text: str, reference: str) -> bool:
-    """Whether the generation's final number equals the reference number exactly."""
+    """Whether the generation's final number equals the reference number exactly.
+
+    Args:
+        text: the model's solution.
+        reference: GSM8K's `answer` field (worked solution ending in `#### N`).
+    """
     pred = extract_gsm8k_answer(text)
-    return pred is not None and pred == normalize_number(reference)
+    return pred is not None and pred == gsm8k_reference(reference)
 
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)

@@ -1,0 +1,66 @@
+"""Every eval experiment composes against the structured schema; typos fail with their name;
+the run identity follows the config and the prompt format."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from dflash2.evaluation.config import register_eval_schema, run_identity, validate
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "eval"
+EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+
+
+def _compose(overrides):
+    register_eval_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="eval", overrides=overrides)
+
+
+def test_required_experiments_exist():
+    assert {"tiny_cpu", "smollm2_cpu", "smollm2_gpu", "qwen3_8b"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_composes_and_validates(name):
+    cfg = _compose([f"experiment={name}", "output_dir=/tmp/x"])
+    validate(cfg)
+    assert cfg.experiment_name == name
+    assert cfg.target.name and cfg.arms.num_speculative_tokens
+
+
+def test_tiny_cpu_is_cpu_small_and_checked():
+    cfg = _compose(["experiment=tiny_cpu"])
+    assert cfg.hardware.device == "cpu" and cfg.target.source == "random" and cfg.target.dtype == "float32"
+    assert cfg.data.limit == 3 and cfg.data.source == "local" and sorted(cfg.data.datasets) == [
+        "gsm8k", "humaneval", "mt_bench"]
+    assert cfg.arms.oracle and cfg.checks.oracle_min_accepted >= 1.0 and cfg.checks.require_identical
+    assert cfg.temperature == 0.0
+
+
+@pytest.mark.parametrize("override", ["arms.num_speculativ_tokens=[1]", "tempreature=0.5", "data.limt=3"])
+def test_typo_fails_with_its_name(override):
+    with pytest.raises(Exception, match=override.split("=")[0].split(".")[-1]):
+        _compose(["experiment=tiny_cpu", override])
+
+
+@pytest.mark.parametrize("override, match", [
+    ("batch_size=4 temperature=0.7", "row_seed"), ("data.datasets=[mmlu]", "mmlu"),
+    ("arms.num_speculative_tokens=[0]", "arms.ar"), ("arms.oracle_accept_prob=1.5", "oracle_accept_prob"),
+])
+def test_inconsistent_settings_fail_with_the_fix(override, match):
+    cfg = _compose(["experiment=tiny_cpu", *override.split()])
+    with pytest.raises(ValueError, match=match):
+        validate(cfg)
+
+
+def test_run_identity_ignores_output_and_logger_but_not_format():
+    fmt = {"chat_template_sha": "abc", "enable_thinking": False, "hash": "h1"}
+    a, _ = run_identity(_compose(["experiment=tiny_cpu", "output_dir=/a"]), fmt)
+    b, _ = run_identity(_compose(["experiment=tiny_cpu", "output_dir=/b", "logger=offline", "resume=true"]), fmt)
+    c, _ = run_identity(_compose(["experiment=tiny_cpu", "max_new_tokens=5"]), fmt)
+    d, _ = run_identity(_compose(["experiment=tiny_cpu", "output_dir=/a"]), {**fmt, "enable_thinking": True})
+    assert a == b and len({a, c, d}) == 3

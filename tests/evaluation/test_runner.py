@@ -1,0 +1,192 @@
+"""The runner: oracle and selector-off arms through the real engine, per-sample seeds,
+departure margins, torn records, run identity on resume, and `eval/run.py experiment=tiny_cpu`
+end to end (killed mid-run, resumed, W&B offline for real)."""
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash2.engine import speculative_generate
+from dflash2.evaluation.arms import SelectorOffProposer, build_arms
+from dflash2.evaluation.config import ArmsSpec
+from dflash2.evaluation.oracle import OracleProposer
+from dflash2.evaluation.runner import read_records, sample_seed
+from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = [[5, 17, 42, 8], [100, 3, 250, 7, 9, 11]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_qwen3(vocab=300, seed=0).float()
+
+
+def _ar(target, prompt, n=20):
+    return speculative_generate(target, None, [prompt], max_new_tokens=n).generated[0].tolist()
+
+
+@pytest.mark.parametrize("p, n", [(1.0, 4), (0.0, 4), (0.6, 3)])
+def test_oracle_controls_acceptance_and_stays_lossless(target, p, n):
+    for prompt in PROMPTS:
+        ar = _ar(target, prompt)
+        oracle = OracleProposer([prompt + ar], [sample_seed(0, "x")], block_size=n + 1, accept_prob=p, vocab_size=300)
+        out = speculative_generate(target, oracle, [prompt], max_new_tokens=20, num_speculative_tokens=n)
+        assert out.generated[0].tolist() == ar  # greedy verification: never changes the output
+        acc = out.accepted[0]
+        if p == 1.0:
+            assert all(a == n for a in acc[:-1])  # all but the budget-truncated last step
+        elif p == 0.0:
+            assert sum(acc) == 0
+        else:
+            assert 0 < sum(acc) < n * len(acc)
+
+
+def test_oracle_is_exact_when_sampling(target):
+    # T > 0: q = [p, 1-p] over [right, wrong] is the oracle's true law; the engine must accept
+    # it without error and produce a valid continuation of the right length.
+    prompt = PROMPTS[0]
+    ar = speculative_generate(target, None, [prompt], max_new_tokens=12, temperature=1.0, seed=3).generated[0].tolist()
+    oracle = OracleProposer([prompt + ar], [3], block_size=4, accept_prob=0.7, vocab_size=300)
+    out = speculative_generate(target, oracle, [prompt], max_new_tokens=12, num_speculative_tokens=3,
+                               temperature=1.0, seed=3)
+    assert len(out.generated[0]) == 12 and all(0 <= a <= 3 for a in out.accepted[0])
+
+
+def test_selector_off_is_the_v1_path_on_the_same_weights(target):
+    cfg = tiny_draft_config(v2=True, vocab=300, block_size=6, selector_top_k=4)
+    from dflash2.modeling import DFlash2DraftModel
+
+    draft = randomize_(DFlash2DraftModel(cfg), seed=2, std=0.3).eval()
+    no_selector = copy.deepcopy(draft)
+    no_selector.candidate_selector = None  # the engine's v1 branch (argmax per slot), conv kept
+    for prompt in PROMPTS:
+        ar = _ar(target, prompt)
+        off = speculative_generate(target, SelectorOffProposer(draft, target_as(target), "torch"), [prompt],
+                                   max_new_tokens=20, num_speculative_tokens=5)
+        ref = speculative_generate(target, no_selector, [prompt], max_new_tokens=20, num_speculative_tokens=5)
+        assert off.generated[0].tolist() == ar == ref.generated[0].tolist()
+        assert off.accepted == ref.accepted
+
+
+def target_as(model):
+    from dflash2.target import as_target
+
+    return as_target(model)
+
+
+def test_arms_and_seeds():
+    labels = [a.label for a in build_arms(ArmsSpec(num_speculative_tokens=[7, 3], oracle=True,
+                                                   oracle_num_speculative_tokens=[3]), has_draft=True,
+                                          draft_has_selector=True)]
+    assert labels == ["ar", "dflash2@N=3", "dflash2@N=7", "selector_off@N=3", "selector_off@N=7", "oracle@N=3"]
+    v1 = [a.label for a in build_arms(ArmsSpec(num_speculative_tokens=[3]), has_draft=True, draft_has_selector=False)]
+    assert v1 == ["ar", "dflash2@N=3"]
+    assert sample_seed(0, "gsm8k/0001") == sample_seed(0, "gsm8k/0001") != sample_seed(0, "gsm8k/0002")
+    assert sample_seed(1, "gsm8k/0001") != sample_seed(0, "gsm8k/0001")
+
+
+def test_torn_last_record_is_dropped(tmp_path):
+    p = tmp_path / "records.jsonl"
+    p.write_text(json.dumps({"arm": "ar", "sample_id": "a"}) + "\n" + '{"arm": "ar", "samp')
+    assert read_records(p) == [{"arm": "ar", "sample_id": "a"}]
+    assert p.read_text().endswith("}\n")  # appending continues on a clean line
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    from tests.evaluation.test_eval_configs import _compose
+
+    from dflash2.evaluation.runner import EvalRunner
+
+    out = tmp_path_factory.mktemp("run")
+    cfg = _compose(["experiment=tiny_cpu", f"output_dir={out}", "data.limit=1", "max_new_tokens=6"])
+    return EvalRunner(cfg, out)
+
+
+def test_departure_margin_is_the_targets_top2_gap_on_the_ar_prefix(runner):
+    prompt, ar = [9707, 11, 1879], [13, 1576, 374, 264]
+    rec_ar = {"arm_kind": "ar", "sample_id": "s", "tokens": ar}
+    runner._compare(rec_ar, prompt, None)
+    spec = {"arm_kind": "spec", "sample_id": "s", "tokens": ar[:2] + [7, 7]}
+    runner._compare(spec, prompt, rec_ar)
+    with torch.no_grad():
+        logits = runner.target(torch.tensor([prompt + ar[:2]]), logits_to_keep=1).logits[0, -1].float()
+    top = torch.topk(logits, 2)
+    assert spec["identical_to_ar"] is False
+    assert spec["departure"]["position"] == 2 and spec["departure"]["top1"] == int(top.indices[0])
+    assert spec["departure"]["margin"] == pytest.approx(float(top.values[0] - top.values[1]), abs=1e-4)
+    same = {"arm_kind": "oracle", "sample_id": "s", "tokens": list(ar)}
+    runner._compare(same, prompt, rec_ar)
+    assert same["identical_to_ar"] and same.get("departure") is None and same["logprob_mean"] == rec_ar["logprob_mean"]
+    assert rec_ar["logprob_mean"] < 0
+
+
+def test_changed_config_refuses_to_append(runner, tmp_path):
+    runner.out = tmp_path
+    runner._check_identity(resume=False)
+    (tmp_path / "records.jsonl").write_text("")
+    old = runner.run_id
+    runner.run_id, runner.identity = "0" * 16, {**runner.identity, "max_new_tokens": 99}
+    with pytest.raises(RuntimeError, match=f"holds run {old}.*max_new_tokens.*refusing to append"):
+        runner._check_identity(resume=True)
+
+
+def _cli(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(ROOT / "eval" / "run.py"), "experiment=tiny_cpu", f"output_dir={out}",
+            "data.limit=1", "max_new_tokens=8", *extra]
+
+
+def test_tiny_cpu_end_to_end_killed_and_resumed(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+    proc = subprocess.Popen(_cli(out), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    rec = out / "records.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if rec.exists() and rec.read_text().count("\n") >= 5:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, f"run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with open(rec, "a") as f:
+        f.write('{"arm": "dflash2@N=3", "sample_id": "gsm8k/00')  # the torn write of a killed process
+    before = read_records(rec)
+
+    from dflash2.runconfig import prepare_output_dir
+
+    with pytest.raises(FileExistsError, match="resume=true"):  # the rule eval/run.py applies first
+        prepare_output_dir(out, resume=False, job_name="eval")
+
+    done = subprocess.run(_cli(out, "resume=true", "logger=offline"), cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_records(rec)
+    pairs = [(r["arm"], r["sample_id"]) for r in records]
+    assert len(pairs) == len(set(pairs)) == 4 * 4  # 4 samples (MT-Bench: 2 turns) x 4 arms, none twice
+    assert records[: len(before)] == before  # finished records were kept, not redone
+    assert {r["dataset"] for r in records} == {"gsm8k", "humaneval", "mt_bench"}
+    # T = 0, fp32 on CPU: every speculative arm reproduces the AR tokens.
+    assert all(r["identical_to_ar"] for r in records if r["arm_kind"] != "ar")
+    oracle = [r for r in records if r["arm_kind"] == "oracle"]
+    assert sum(map(sum, (r["accepted"] for r in oracle))) / sum(r["steps"] for r in oracle) >= 1.0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["checks"]["oracle_min_accepted"]["passed"] and summary["checks"]["identical_to_ar"]["passed"]
+    assert (out / "report.html").stat().st_size > 1000 and (out / "run.json").exists()
+
+    from dflash2.evaluation.wandb_log import read_offline_run
+
+    runs = sorted((out / "wandb").glob("offline-run-*"))
+    assert runs, "logger=offline wrote no W&B run directory"
+    logged = read_offline_run(str(runs[-1]))["summary"]
+    tau = summary["per_arm"]["oracle@N=3"]["overall"]["tau_pooled"]
+    assert logged["oracle@N=3/tau_pooled"] == pytest.approx(tau)
