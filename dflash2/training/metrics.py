@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 from pathlib import Path
 
 
@@ -62,7 +63,7 @@ class WandbSink:
         import wandb
 
         id_file = Path(out_dir) / "wandb_run_id"
-        run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
         id_file.write_text(run_id)
         self.run = wandb.init(project=spec.project, entity=spec.entity, name=spec.name or name, group=spec.group,
                               tags=list(spec.tags), mode=spec.mode, dir=str(out_dir), config=config,

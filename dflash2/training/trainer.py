@@ -286,7 +286,7 @@ class Distiller:
             draft.eval()
             res = speculative_generate(self.target, draft, [torch.tensor(p) for p in prompts],
                                        max_new_tokens=self.tc.eval_max_new_tokens,
-                                       stop_token_ids=stop_token_ids(self.tokenizer))
+                                       stop_token_ids=stop_token_ids(self.tokenizer) if self.tokenizer else None)
             stats = res.stats()
             out["eval/tau_real"] = float(stats["tau_pooled"])
             if "eval/tau_proxy" in out:
