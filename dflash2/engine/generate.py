@@ -31,11 +31,12 @@ import torch
 
 from dflash2.engine.cache import StaticTargetCache, static_attention
 from dflash2.engine.draft import DFlash2Proposer, DraftStep, Proposal
+from dflash2.engine.inputs import check_generate_inputs
 from dflash2.engine.sampling import filter_logits, invalid_rows, row_seeds
 from dflash2.engine.stats import StepTimes, summarize
 from dflash2.kernels.dispatch import resolve_impl
 from dflash2.kernels.verify import verify_block
-from dflash2.target import TargetModel, as_target
+from dflash2.target import TargetModel
 
 
 @dataclass
@@ -73,24 +74,8 @@ class SpeculativeOutput:
         return summarize(self.accepted, self.num_speculative_tokens)
 
 
-def _as_rows(input_ids) -> list[torch.Tensor]:
-    if isinstance(input_ids, torch.Tensor):
-        if input_ids.dim() == 1:
-            return [input_ids.long()]
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [B, P] or a list of 1-D prompts; got shape {tuple(input_ids.shape)}")
-        return [r.long() for r in input_ids]
-    rows = [torch.as_tensor(r, dtype=torch.long).reshape(-1) for r in input_ids]
-    if not rows:
-        raise ValueError("input_ids is empty")
-    return rows
-
-
-def _stop_tensor(stop_token_ids, device) -> torch.Tensor | None:
-    if stop_token_ids is None:
-        return None
-    ids = [stop_token_ids] if isinstance(stop_token_ids, int) else list(stop_token_ids)
-    return torch.tensor(ids, dtype=torch.long, device=device) if ids else None
+def _stop_tensor(stop_token_ids: list[int] | None, device) -> torch.Tensor | None:
+    return None if stop_token_ids is None else torch.tensor(stop_token_ids, dtype=torch.long, device=device)
 
 
 def _check_valid(bad: list[bool], what: str, step: int) -> None:
@@ -137,30 +122,18 @@ def speculative_generate(
     Returns:
         `SpeculativeOutput`.
     """
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if temperature < 0 or not (0.0 < top_p <= 1.0) or top_k < 0:
-        raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}")
+    # Every argument is checked on the host before any device work (ids, dtypes, ranges,
+    # position limit, draft/target fit); see dflash2.engine.inputs.
+    checked = check_generate_inputs(
+        target, draft, input_ids, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
+        temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids, impl=impl,
+        timing=timing)
+    tgt: TargetModel = checked.target
+    rows, n_spec, draft = checked.rows, checked.num_speculative_tokens, checked.draft
     proposer_like = draft is not None and hasattr(draft, "propose")
-    if draft is None or num_speculative_tokens == 0:
-        n_spec, draft = 0, None
-    else:
-        limit = int(draft.block_size) - 1
-        n_spec = limit if num_speculative_tokens is None else int(num_speculative_tokens)
-        if not 0 <= n_spec <= limit:
-            raise ValueError(
-                f"num_speculative_tokens={n_spec} is outside 0..block_size-1 = 0..{limit}: the draft was trained "
-                f"on blocks of {limit + 1} (anchor + {limit} mask slots)"
-            )
-    tgt: TargetModel = as_target(target)
     layer_ids = list(draft.target_layer_ids if proposer_like else draft.config.target_layer_ids) if draft else []
-    if draft is not None and not proposer_like:
-        tgt.check_compatible(draft.config)
 
     device = tgt.device
-    rows = _as_rows(input_ids)
-    if any(r.numel() == 0 for r in rows):
-        raise ValueError("every prompt needs at least one token")
     bsz = len(rows)
     plens = torch.tensor([r.numel() for r in rows], dtype=torch.long, device=device)
     plen_host = [r.numel() for r in rows]
@@ -184,7 +157,7 @@ def speculative_generate(
         tokens[b, : r.numel()] = r.to(device)
     temps = torch.full((bsz,), float(temperature), dtype=torch.float32, device=device)
     seeds = row_seeds(seed, bsz, device)
-    stops = _stop_tensor(stop_token_ids, device)
+    stops = _stop_tensor(checked.stop_token_ids, device)
     sampled = temperature > 0
 
     def target_probs_input(logits: torch.Tensor) -> torch.Tensor:

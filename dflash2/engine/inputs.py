@@ -1,0 +1,251 @@
+"""Host-side checks of every `speculative_generate` argument, before any device work.
+
+A bad token id reaching the embedding is an `IndexError` on CPU and, on CUDA, a device-side
+assert that poisons the whole process's CUDA context; a float prompt is silently truncated;
+a sequence past the target's `max_position_embeddings` runs on positions the model never saw.
+So everything is checked here, on the host, once per call and never inside the decode loop:
+each error names the argument (row and position for ids), the value, the limit and the fix.
+
+The position limit is the one serving engines enforce as their maximum model length: every
+position the row occupies must be below `max_position_embeddings`. A row of `P` prompt tokens
+and `M` new tokens spans positions `0 .. P+M-1`; with `N` speculative tokens the last verify
+block starts at the anchor `P+M-2` and reaches `P+M-2+N`, i.e. `N-1` positions further
+(static shapes: the engine always verifies a full block).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dflash2.kernels.dispatch import IMPLS
+from dflash2.target import TargetModel, as_target
+
+
+class GenerateInputError(ValueError):
+    """An argument of `speculative_generate` is invalid; the message names it and the fix."""
+
+
+@dataclass
+class GenerateInputs:
+    """Checked arguments: `rows` are 1-D int64 CPU prompts; `stop_token_ids` is None or a
+    non-empty list of ints; `num_speculative_tokens` is resolved (0 = AR, draft dropped)."""
+
+    target: TargetModel
+    draft: object | None
+    rows: list[torch.Tensor]
+    num_speculative_tokens: int
+    stop_token_ids: list[int] | None
+
+
+def _fail(what: str, problem: str, fix: str) -> None:
+    raise GenerateInputError(f"{what}: {problem}. Fix: {fix}.")
+
+
+def _is_int(x) -> bool:
+    """A Python/numpy integer or a 0-d integer tensor; never a bool, float or string."""
+    if isinstance(x, torch.Tensor):  # a one-element 1-D tensor also has __index__: not an int here
+        return x.dim() == 0 and not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+    if isinstance(x, bool):
+        return False
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _int_arg(name: str, value, low: int, high: int | None = None, hint: str = "") -> int:
+    """`value` as an int in `[low, high]` (inclusive), or an error naming `name`."""
+    span = f"[{low}, {high}]" if high is not None else f">= {low}"
+    if not _is_int(value):
+        _fail(name, f"{value!r} ({type(value).__name__}) is not an integer", f"pass an int {span}{hint}")
+    v = operator.index(value)
+    if v < low or (high is not None and v > high):
+        _fail(name, f"{v} is outside {span}", f"pass an int {span}{hint}")
+    return v
+
+
+def _real_arg(name: str, value, ok, span: str, hint: str = "") -> float:
+    """`value` as a finite float satisfying `ok`, or an error naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        _fail(name, f"{value!r} ({type(value).__name__}) is not a real number", f"pass a float in {span}{hint}")
+    v = float(value)
+    if not (math.isfinite(v) and ok(v)):
+        _fail(name, f"{v} is {'outside ' + span if math.isfinite(v) else 'not finite'}", f"pass a float in {span}{hint}")
+    return v
+
+
+def _prompt_rows(input_ids) -> list[torch.Tensor]:
+    """`[B, P]` tensor, or a list of 1-D tensors / int lists -> 1-D int64 CPU rows."""
+    if isinstance(input_ids, (str, bytes)):
+        _fail("input_ids", "is text", "tokenize it first: tokenizer(text).input_ids, wrapped as [ids]")
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() not in (1, 2):
+            _fail("input_ids", f"has shape {tuple(input_ids.shape)}",
+                  "pass [B, P] (one prompt per row), a 1-D prompt, or a list of 1-D prompts")
+        raw = [input_ids] if input_ids.dim() == 1 else list(input_ids.unbind(0))
+    else:
+        try:
+            raw = list(input_ids)
+        except TypeError:
+            _fail("input_ids", f"is a {type(input_ids).__name__}",
+                  "pass a [B, P] integer tensor or a list of 1-D prompts")
+        if raw and all(_is_int(x) for x in raw):
+            _fail("input_ids", f"is a flat list of {len(raw)} ints, read as {len(raw)} one-token prompts",
+                  "wrap one prompt as [ids]; a list holds one prompt per row")
+    if not raw:
+        _fail("input_ids", "is empty (no prompts)", "pass at least one prompt")
+    rows = []
+    for b, r in enumerate(raw):
+        name = f"input_ids row {b}"
+        if isinstance(r, (str, bytes)):
+            _fail(name, "is text", "tokenize it first")
+        if not isinstance(r, torch.Tensor):
+            try:
+                r = torch.as_tensor(r)
+            except (TypeError, ValueError, RuntimeError) as e:
+                _fail(name, f"is not a sequence of token ids ({e})", "pass a list of ints or a 1-D integer tensor")
+        if r.dim() != 1:
+            _fail(name, f"has shape {tuple(r.shape)}", "each prompt must be 1-D (a flat list of token ids)")
+        r = r.detach().to("cpu")
+        if r.numel() == 0:  # before the dtype test: torch.as_tensor([]) is float32
+            _fail(name, "is empty; every prompt needs at least one token", "drop the row or give it a prompt")
+        if r.is_floating_point() or r.is_complex() or r.dtype == torch.bool:
+            _fail(name, f"has dtype {r.dtype} (first value {r[0].item()!r}); token ids must be integers",
+                  "pass the tokenizer's ids unchanged as torch.long (a float cast can silently change ids)")
+        rows.append(r.long())
+    return rows
+
+
+def _check_ids(name: str, ids: torch.Tensor, vocab: int, hint: str) -> None:
+    """Every entry of the 1-D int64 CPU tensor `ids` in `[0, vocab)`; names the first that is not."""
+    bad = ((ids < 0) | (ids >= vocab)).nonzero()
+    if bad.numel():
+        pos = int(bad[0, 0])
+        value = int(ids[pos])
+        why = "is negative (padding or an ignore index such as -100?)" if value < 0 else "is not in the vocabulary"
+        _fail(f"{name}, position {pos}", f"token id {value} {why}; the target's ids lie in [0, {vocab})", hint)
+
+
+def _check_draft(draft, tgt: TargetModel) -> None:
+    """A draft model (or proposer) that can run with this target, or a clear error."""
+    if hasattr(draft, "propose"):
+        for attr in ("block_size", "target_layer_ids"):
+            if not hasattr(draft, attr):
+                _fail("draft", f"has `propose` but no `{attr}`",
+                      "a proposer needs propose(DraftStep), block_size and target_layer_ids")
+        return
+    if not hasattr(draft, "config") or not hasattr(draft, "block_size"):
+        _fail("draft", f"is a {type(draft).__name__}, not a draft model",
+              "load one with DFlash2DraftModel.from_pretrained(path), or pass None for the AR baseline")
+    tgt.check_compatible(draft.config)
+    # The draft reads the target's embeddings of its block tokens, so both must share a device
+    # and dtype; otherwise the first draft matmul fails deep inside the loop.
+    emb = tgt.model.get_input_embeddings().weight
+    param = next(iter(draft.parameters()), None) if hasattr(draft, "parameters") else None
+    if param is not None and (param.device != emb.device or param.dtype != emb.dtype):
+        _fail("draft", f"is on {param.device} in {param.dtype}, the target's embeddings on {emb.device} in "
+              f"{emb.dtype}", f"move the draft with draft.to(device={str(emb.device)!r}, dtype={emb.dtype})")
+
+
+def check_generate_inputs(
+    target,
+    draft,
+    input_ids,
+    *,
+    max_new_tokens,
+    num_speculative_tokens,
+    temperature,
+    top_p,
+    top_k,
+    seed,
+    stop_token_ids,
+    impl,
+    timing,
+) -> GenerateInputs:
+    """Check every argument of `speculative_generate` (same names) on the host.
+
+    Raises:
+        GenerateInputError (a `ValueError`): the first bad argument, with its value and the fix.
+        DFlash2ConfigError: the draft does not fit the target (`TargetModel.check_compatible`).
+    Returns:
+        `GenerateInputs` (prompts as 1-D int64 CPU tensors, N resolved, stop ids as a list).
+    """
+    if not isinstance(target, TargetModel) and not (
+            isinstance(target, torch.nn.Module) and hasattr(target, "get_output_embeddings")):
+        _fail("target", f"is a {type(target).__name__}",
+              "pass a TargetModel (TargetModel.from_pretrained(...)) or a transformers causal LM")
+    tgt = as_target(target)
+    max_new = _int_arg("max_new_tokens", max_new_tokens, 0)
+    _real_arg("temperature", temperature, lambda t: t >= 0, "[0, inf)", " (0 = greedy)")
+    _real_arg("top_p", top_p, lambda p: 0 < p <= 1, "(0, 1]", " (1.0 = off)")
+    _int_arg("top_k", top_k, 0, hint=" (0 = off)")
+    if seed is not None:
+        _int_arg("seed", seed, 0, 2**64 - 1, " or None (one is drawn from torch's RNG)")
+    if impl not in IMPLS:
+        _fail("impl", f"is {impl!r}", f"use one of {IMPLS}")
+    if not isinstance(timing, bool):
+        _fail("timing", f"is {timing!r}", "pass True or False")
+
+    if draft is None or (num_speculative_tokens is not None and _is_int(num_speculative_tokens)
+                         and operator.index(num_speculative_tokens) == 0):
+        if draft is None and num_speculative_tokens not in (None, 0):
+            _fail("num_speculative_tokens", f"is {num_speculative_tokens!r} but draft is None",
+                  "pass a draft, or num_speculative_tokens=0 / None for the autoregressive baseline")
+        n_spec, draft = 0, None
+    else:
+        _check_draft(draft, tgt)
+        limit = int(draft.block_size) - 1
+        n_spec = limit if num_speculative_tokens is None else _int_arg(
+            "num_speculative_tokens", num_speculative_tokens, 0, limit,
+            f": the draft was trained on blocks of {limit + 1} (anchor + {limit} mask slots), "
+            "so 0..block_size-1 are valid")
+
+    vocab = int(tgt.vocab_size)
+    rows = _prompt_rows(input_ids)
+    for b, r in enumerate(rows):
+        _check_ids(f"input_ids row {b}", r, vocab, "tokenize with the target's own tokenizer, and pass rows of different "
+                                   "lengths as a list of 1-D prompts instead of padding them")
+
+    limit = getattr(tgt.config, "max_position_embeddings", None)
+    if limit is not None:
+        overhang = n_spec - 1 if (n_spec > 0 and max_new >= 2) else 0
+        b = max(range(len(rows)), key=lambda i: rows[i].numel())
+        plen = rows[b].numel()
+        last = plen + max_new - 1 + overhang  # highest position the row occupies
+        if last >= limit:
+            room = limit - overhang
+            block = f" + {overhang} positions of the last speculative block (N={n_spec})" if overhang else ""
+            _fail(f"input_ids row {b}",
+                  f"a prompt of {plen} tokens + max_new_tokens={max_new}{block} reaches position {last}, but the "
+                  f"target's max_position_embeddings is {limit} (positions 0..{limit - 1})",
+                  f"keep prompt + max_new_tokens <= {room}: shorten the prompt to {max(room - max_new, 0)} tokens "
+                  f"or lower max_new_tokens to {max(room - plen, 0)}")
+
+    stops = None
+    if stop_token_ids is not None:
+        if _is_int(stop_token_ids):
+            stop_list = [stop_token_ids]
+        elif isinstance(stop_token_ids, torch.Tensor) and stop_token_ids.dim() == 1:
+            stop_list = list(stop_token_ids.detach().cpu().unbind(0))
+        elif getattr(stop_token_ids, "ndim", None) == 1:  # a numpy array
+            stop_list = list(stop_token_ids)
+        elif isinstance(stop_token_ids, Sequence | set | frozenset) and not isinstance(stop_token_ids, (str, bytes)):
+            stop_list = list(stop_token_ids)
+        else:
+            _fail("stop_token_ids", f"is {stop_token_ids!r}", "pass an int, a list of ints, or None")
+        for i, s in enumerate(stop_list):
+            if not _is_int(s):
+                _fail(f"stop_token_ids[{i}]", f"{s!r} ({type(s).__name__}) is not an integer token id",
+                      "pass the tokenizer's integer ids (e.g. tokenizer.eos_token_id)")
+        stops = [operator.index(s) for s in stop_list] or None
+        if stops is not None:
+            _check_ids("stop_token_ids", torch.tensor(stops, dtype=torch.long), vocab,
+                       "use ids of the target's own tokenizer (e.g. tokenizer.eos_token_id)")
+    return GenerateInputs(tgt, draft, rows, n_spec, stops)
