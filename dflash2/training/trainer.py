@@ -165,6 +165,9 @@ class Distiller:
         self.params = params
         self.attention = self.tc.attention if self.tc.attention != "auto" else (
             "flex" if self.device.type == "cuda" else "dense")
+        if self.attention == "flex" and self.device.type != "cuda":
+            raise ValueError("train.attention=flex needs CUDA (PyTorch has no FlexAttention backward on CPU); "
+                             "use train.attention=auto or dense here")
         self.pad_to = self.tc.pad_to or (256 if self.device.type == "cuda" else 1)
         if self.attention == "flex" and self.device.type == "cuda":
             import torch._dynamo as dynamo
