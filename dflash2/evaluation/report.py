@@ -45,6 +45,8 @@ def _ci(v: Any, ci: Any, digits: int = 2) -> str:
 def _p(v: Any) -> str:
     if v is None:
         return "-"
+    if v == 0:
+        return "0"
     return f"{v:.2g}" if v >= 1e-3 else f"{v:.1e}"
 
 
@@ -89,7 +91,14 @@ def summary_rows(summary: dict, dataset: str | None = None) -> list[list[str]]:
     return rows
 
 
+def _drop_empty(header: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """Drop columns that are "-" in every row (e.g. no accuracy on MT-Bench, no TOST at T = 0)."""
+    keep = [i for i in range(len(header)) if i == 0 or any(r[i] != "-" for r in rows)] if rows else range(len(header))
+    return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
+
+
 def _text_table(header: list[str], rows: list[list[str]]) -> str:
+    header, rows = _drop_empty(header, rows)
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     line = "  ".join("-" * w for w in widths)
     fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
@@ -123,18 +132,23 @@ def _err(values: list, cis: list) -> tuple[list, list] | None:
 
 def _vs_n_figure(summary: dict, key: str, ylabel: str, title: str, baseline: float) -> Figure:
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
-    for kind, s in summary["vs_n"].items():
-        pts = [(n, v, c) for n, v, c in zip(s["N"], s[key], s[f"{key}_ci"]) if v is not None]
+    series = [(kind, k) for kind in summary["vs_n"] for k in ([key, "tau_per_request"] if key == "tau_pooled" else [key])]
+    all_n: set[int] = set()
+    for j, (kind, k) in enumerate(series):
+        s = summary["vs_n"][kind]
+        pts = [(n, v, c) for n, v, c in zip(s["N"], s[k], s[f"{k}_ci"]) if v is not None]
         if not pts:
             continue
         ns, vs, cs = zip(*pts)
-        ax.errorbar(ns, vs, yerr=_err(list(vs), list(cs)), marker="o", capsize=4, label=f"{kind} ({key})")
-        if key == "tau_pooled":
-            pr = [(n, v, c) for n, v, c in zip(s["N"], s["tau_per_request"], s["tau_per_request_ci"]) if v is not None]
-            if pr:
-                n2, v2, c2 = zip(*pr)
-                ax.errorbar(n2, v2, yerr=_err(list(v2), list(c2)), marker="s", linestyle="--", capsize=4,
-                            alpha=0.7, label=f"{kind} (tau per-request)")
+        all_n.update(ns)
+        dodge = (j - (len(series) - 1) / 2) * 0.06  # series sharing an N stay visible side by side
+        per_request = k == "tau_per_request"
+        ax.errorbar([n + dodge for n in ns], vs, yerr=_err(list(vs), list(cs)), marker="s" if per_request else "o",
+                    linestyle="--" if per_request else "-", capsize=4, alpha=0.75 if per_request else 1.0,
+                    label=f"{kind} ({k.replace('_', ' ')})")
+    if all_n:
+        ax.set_xticks(sorted(all_n))
+        ax.set_xlim(min(all_n) - 0.6, max(all_n) + 0.6)
     ax.axhline(baseline, color="grey", linewidth=1, linestyle=":", label="AR")
     ax.set_xlabel("num_speculative_tokens N")
     ax.set_ylabel(ylabel)
@@ -178,6 +192,8 @@ def _histogram_figure(summary: dict) -> Figure:
         total = sum(hist) or 1
         xs = [a + (j - (len(arms) - 1) / 2) * width for a in range(len(hist))]
         ax.bar(xs, [h / total for h in hist], width=width, label=arm)
+    n_max = max((len(summary["per_arm"][a]["overall"]["accepted_length_histogram"]) for a in arms), default=1)
+    ax.set_xticks(range(n_max))
     ax.set_xlabel("accepted draft tokens per step")
     ax.set_ylabel("fraction of steps")
     ax.set_title("Accepted-length histogram")
@@ -256,12 +272,14 @@ def figure_png(fig: Figure) -> bytes:
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    header, rows = _drop_empty(header, rows)
     esc = lambda c: str(c).replace("|", "\\|")  # noqa: E731
     return "\n".join(["| " + " | ".join(map(esc, header)) + " |", "|" + "---|" * len(header),
                       *("| " + " | ".join(map(esc, r)) + " |" for r in rows)])
 
 
 def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    header, rows = _drop_empty(header, rows)
     th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
@@ -287,6 +305,11 @@ def _sections(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         disc += [[arm, sid, "arm only"] for sid in d.get("only_arm_correct", [])]
         disc += [[arm, sid, "AR only"] for sid in d.get("only_ar_correct", [])]
         deps += [[arm, x["sample_id"], str(x.get("position")), _f(x.get("margin"), 4)] for x in o.get("departures", [])]
+    checks = summary.get("checks") or {}
+    check_rows = [[k, {True: "passed", False: "FAILED"}.get(v.get("passed"), "-") if isinstance(v, dict) else "-",
+                   json.dumps(v, default=str)[:300]] for k, v in checks.items()]
+    if check_rows:  # added by the runner (eval/run.py) beside the statistics
+        out.insert(0, ("Run checks", ["check", "result", "details"], check_rows))
     if disc:
         out.append(("Discordant correctness (McNemar)", ["arm", "sample", "correct in"], disc))
     if deps:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,8 @@ def log_run(summary: dict, records: list[dict], logger: LoggerSpec, config: dict
         run_dir = str(Path(run.settings.sync_dir))
     finally:
         run.finish()
+    if logger.mode == "offline" and not read_offline_run(run_dir)["complete"]:
+        warnings.warn(f"W&B offline run {run_dir}: its log has no exit record yet", stacklevel=2)
     return run_dir
 
 
@@ -249,20 +252,33 @@ def _apply(target: dict, item) -> None:
     d[keys[-1]] = json.loads(item.value_json)
 
 
-def read_offline_run(run_dir: str | os.PathLike) -> dict[str, Any]:
+def read_offline_run(run_dir: str | os.PathLike, *, wait_s: float = 30.0) -> dict[str, Any]:
     """Summary, history and config of a W&B run directory, read from its `run-*.wandb` log.
 
     wandb >= 0.2x writes no `wandb-summary.json` in offline mode; the transaction log (LevelDB
-    log format of `wandb.proto` `Record`s) is the record of what was logged.
+    log format of `wandb.proto` `Record`s) is the record of what was logged. wandb-core may
+    still be writing it after `run.finish()` returns, so this waits (up to `wait_s`) for the
+    log's `exit` record.
 
     Returns:
-        `{"summary": {...}, "history": [{...}, ...], "config": {...}, "run_id": str}`.
+        `{"summary": {...}, "history": [{...}, ...], "config": {...}, "run_id": str,
+        "complete": bool}` (`complete`: the exit record was seen).
     """
     files = sorted(Path(run_dir).glob("run-*.wandb"))
     if not files:
         raise FileNotFoundError(f"no run-*.wandb file in {run_dir}")
-    out: dict[str, Any] = {"summary": {}, "history": [], "config": {}, "run_id": None}
-    for rec in _records(files[0]):
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            recs = list(_records(files[0]))
+        except Exception:  # a chunk being written right now: read again
+            recs = []
+        complete = any(r.WhichOneof("record_type") == "exit" for r in recs)
+        if complete or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    out: dict[str, Any] = {"summary": {}, "history": [], "config": {}, "run_id": None, "complete": complete}
+    for rec in recs:
         kind = rec.WhichOneof("record_type")
         if kind == "summary":
             for item in rec.summary.update:

@@ -90,6 +90,7 @@ def test_eval_report_script_rebuilds_from_records(run, tmp_path, capsys):
     assert saved["per_arm"]["dflash2@N=5"]["overall"]["tau_pooled"] == s["per_arm"]["dflash2@N=5"]["overall"][
         "tau_pooled"] == out["per_arm"]["dflash2@N=5"]["overall"]["tau_pooled"]
     assert (tmp_path / "plots" / "predicted_vs_measured_speedup.png").is_file()
+    assert "<h2>Run checks</h2>" in (tmp_path / "report.html").read_text()
     assert "dflash2@N=5" in capsys.readouterr().out
     (tmp_path / "records.jsonl").write_text(lines[0] + "\n{bad\n" + lines[1] + "\n")
     with pytest.raises(ValueError, match=r"records.jsonl:2"):

@@ -36,7 +36,8 @@ def test_offline_run_holds_the_logged_summary(run, tmp_path, monkeypatch):
     run_dir = log_run(s, recs, LoggerSpec(mode="offline", project="dflash2-test", tags=["ci"]),
                       {"target": {"name": "tiny-qwen3"}, "seed": 0}, tmp_path)
     assert run_dir is not None and "offline-run-" in run_dir
-    logged = read_offline_run(run_dir)
+    logged = read_offline_run(run_dir, wait_s=0)  # log_run returns once the log is complete
+    assert logged["complete"]
     summary, want = logged["summary"], flat_metrics(s)
     for key in ("dflash2@N=7/tau_pooled", "dflash2@N=7/speedup", "dflash2@N=7/speedup_ci_low",
                 "dflash2@N=3/gsm8k/accuracy", "dflash2@N=7/mcnemar_p", "n_samples"):
