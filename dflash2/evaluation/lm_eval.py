@@ -64,7 +64,6 @@ def target_spec(target: str, *, dtype: str | None = None, tokenizer: str | None 
     return spec
 
 
-@register_model("dflash2")
 class DFlash2LM(TemplateLM):
     """lm-eval model running DFlash2 speculative decoding through `dflash2.engine`.
 
@@ -255,6 +254,19 @@ class DFlash2LM(TemplateLM):
             log.info("dflash2: tau pooled (incl. bonus) %.3f over %d steps", tau_pooled(self.accepted),
                      sum(len(a) for a in self.accepted))
         return results  # type: ignore[return-value]
+
+
+def register() -> None:
+    """Register `DFlash2LM` as lm-eval model `dflash2` (idempotent: `python -m` runs this file as
+    `__main__`, and a later `import dflash2.evaluation.lm_eval` must not collide with it)."""
+    import lm_eval.models  # noqa: F401  (lm-eval fills its built-in models only into an empty registry)
+    from lm_eval.api.registry import model_registry
+
+    if "dflash2" not in model_registry:
+        register_model("dflash2")(DFlash2LM)
+
+
+register()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash2.evaluation.lm_eval import DFlash2LM, target_spec
+from dflash2.evaluation.lm_eval import DFlash2LM, register, target_spec
 from tests.engine.helpers import GreedyOracle, hf_greedy, qwen3_target, tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,6 +97,14 @@ def test_rolling_loglikelihood_matches_direct_sum():
             logp = torch.log_softmax(model(torch.tensor([ids[lo:end - 1]])).logits[0].double(), -1)
             want += sum(float(logp[j - 1 - lo, ids[j]]) for j in range(start, end))
     assert lm.loglikelihood_rolling([req])[0] == pytest.approx(want, rel=1e-9)
+
+
+def test_registration_keeps_lm_eval_builtins():
+    from lm_eval.api.registry import get_model
+
+    register()  # idempotent (python -m registers from __main__ first)
+    assert get_model("dflash2") is DFlash2LM
+    assert get_model("hf").__name__ == "HFLM"  # registering ours first must not hide the built-ins
 
 
 def test_target_spec_resolution(tmp_path):
