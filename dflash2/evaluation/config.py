@@ -71,7 +71,8 @@ class SandboxSpec:
 
 @dataclass
 class ChecksSpec:
-    """Assertions checked after the arms finish (a failed check fails the run, after writing).
+    """Assertions checked after the arms finish (a failed check fails the run, after writing;
+    both are T = 0 properties and are skipped, values still recorded, at T > 0).
 
     `oracle_min_accepted`: the oracle arms' mean accepted tokens per step must reach this
     (null = no check). `require_identical`: every speculative arm must reproduce the AR tokens
@@ -99,6 +100,8 @@ class EvalConfig:
         seed: base seed; each sample's seed is derived from (seed, sample_id) only.
         batch_size: prompts decoded together per arm (> 1 only at temperature 0, where the
             engine's per-row seeds play no role).
+        exact: run the engine's exact mode (greedy speculative output equal to AR bit for bit,
+            also in bf16); every departure from AR then fails the run.
         compute_logprob: record the target's mean log-probability of each output (one extra
             target forward per distinct output).
         compute_departure: for outputs that differ from AR, the target's top-1/top-2 logit
@@ -124,6 +127,7 @@ class EvalConfig:
     top_k: int = 0
     seed: int = 0
     batch_size: int = 1
+    exact: bool = False
     compute_logprob: bool = True
     compute_departure: bool = True
     judge: str | None = None

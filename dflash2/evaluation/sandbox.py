@@ -221,7 +221,7 @@ def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxRes
 
 def _remove_cgroup(cgroup: Path) -> None:
     """Kill what is left in our cgroup (only processes of this run live there), then remove it."""
-    for _ in range(50):
+    for _ in range(100):  # up to ~5 s: the kernel reaps killed processes asynchronously
         try:
             cgroup.rmdir()
             return

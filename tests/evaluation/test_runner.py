@@ -190,3 +190,24 @@ def test_tiny_cpu_end_to_end_killed_and_resumed(tmp_path):
     logged = read_offline_run(str(runs[-1]))["summary"]
     tau = summary["per_arm"]["oracle@N=3"]["overall"]["tau_pooled"]
     assert logged["oracle@N=3/tau_pooled"] == pytest.approx(tau)
+
+
+def test_checks_pass_fail_and_skip_when_sampling():
+    from dflash2.evaluation.config import ChecksSpec
+    from dflash2.evaluation.runner import run_checks
+
+    def rec(arm, kind, acc, same, t=0.0):
+        return {"arm": arm, "arm_kind": kind, "accepted": acc, "steps": len(acc), "identical_to_ar": same,
+                "temperature": t, "sample_id": "s"}
+
+    checks = ChecksSpec(oracle_min_accepted=1.0, require_identical=True)
+    good = [rec("ar", "ar", [0, 0], None), rec("oracle@N=3", "oracle", [3, 1], True)]
+    out = run_checks(good, checks)
+    assert out["oracle_min_accepted"]["passed"] and out["identical_to_ar"]["passed"]
+    bad = [rec("ar", "ar", [0], None), rec("oracle@N=3", "oracle", [0, 1], False)]
+    out = run_checks(bad, checks)
+    assert out["oracle_min_accepted"]["passed"] is False and out["identical_to_ar"]["passed"] is False
+    assert out["identical_to_ar"]["differing"] == ["oracle@N=3:s"]
+    sampled = [dict(r, temperature=1.0) for r in bad]
+    out = run_checks(sampled, checks)
+    assert out["oracle_min_accepted"]["passed"] is None and out["oracle_min_accepted"]["skipped"] == "T > 0"
