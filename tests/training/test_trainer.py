@@ -3,6 +3,7 @@ clearly and nothing is lost."""
 
 import json
 import struct
+import time
 
 import pytest
 import torch
@@ -53,14 +54,21 @@ def _wandb_records(path):
 def test_wandb_offline_run_directory_holds_the_losses(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
     run(tmp_path / "run", max_steps=3, checkpoint_every=100, eval_max_new_tokens=0, logger="offline")
+    wandb.teardown()       # the wandb-core service writes the run file asynchronously: flush it
     files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1
     logged = {}
-    for rec in _wandb_records(files[0]):
-        if rec.WhichOneof("record_type") == "history":
-            items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item}
-            logged[rec.history.step.num] = items
+    for _ in range(100):
+        for rec in _wandb_records(files[0]):
+            if rec.WhichOneof("record_type") == "history":
+                items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item}
+                logged[rec.history.step.num] = items
+        if len(logged) >= 3:
+            break
+        time.sleep(0.2)
     ours = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r}
     assert sorted(ours) == [1, 2, 3] and set(ours) <= set(logged)
     for step, loss in ours.items():
