@@ -15,7 +15,8 @@ Python: `lm_eval.simple_evaluate(model="dflash2", model_args="target=...,draft=.
 
 Model args: `target` = a preset in `configs/target/` (e.g. `qwen3-8b`, `smollm2-135m`), a hub
 id / local directory, or a `.gguf` file; `draft` = a checkpoint directory, or `none` for the
-AR baseline; `num_speculative_tokens` (default block_size - 1), `dtype` (overrides the preset's), `max_new_tokens` (default cap when a request gives none),
+AR baseline; `num_speculative_tokens` (default block_size - 1), `dtype` (overrides the preset's),
+`max_new_tokens` (default cap when a request gives none),
 `max_length` (context window for scoring), `temperature` / `seed` (generation; default greedy),
 `impl` (kernel implementation), `tokenizer` (overrides the target's). The device and batch size
 come from lm-eval's own `--device` / `--batch_size` flags (its CLI always passes `--device`,
@@ -240,7 +241,8 @@ class DFlash2LM(TemplateLM):
                     prompts.append(torch.tensor(ids[-keep:] or [self.eot_token_id], dtype=torch.long))
                 out = speculative_generate(self.target, self.draft, prompts, max_new_tokens=max_new,
                                            num_speculative_tokens=self.num_speculative_tokens, temperature=temp,
-                                           top_p=top_p, top_k=top_k, seed=self.seed, stop_token_ids=self.stop_ids, impl=self.impl)
+                                           top_p=top_p, top_k=top_k, seed=self.seed, stop_token_ids=self.stop_ids,
+                                           impl=self.impl)
                 self.accepted.extend(out.accepted)
                 for i, gen in zip(batch, out.generated):
                     text = self._cut(self.tok_decode(gen.tolist()), until)

@@ -132,7 +132,8 @@ def _err(values: list, cis: list) -> tuple[list, list] | None:
 
 def _vs_n_figure(summary: dict, key: str, ylabel: str, title: str, baseline: float) -> Figure:
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
-    series = [(kind, k) for kind in summary["vs_n"] for k in ([key, "tau_per_request"] if key == "tau_pooled" else [key])]
+    keys = [key, "tau_per_request"] if key == "tau_pooled" else [key]
+    series = [(kind, k) for kind in summary["vs_n"] for k in keys]
     all_n: set[int] = set()
     for j, (kind, k) in enumerate(series):
         s = summary["vs_n"][kind]

@@ -108,7 +108,8 @@ def test_registration_keeps_lm_eval_builtins():
 
 
 def test_target_spec_resolution(tmp_path):
-    assert target_spec("tiny-qwen3").source == "random" and target_spec("tiny-qwen3", dtype="float64").dtype == "float64"
+    assert target_spec("tiny-qwen3").source == "random"
+    assert target_spec("tiny-qwen3", dtype="float64").dtype == "float64"
     assert target_spec("Qwen/Qwen3-8B").source == "hub"
     with pytest.raises(FileNotFoundError, match="GGUF"):
         target_spec(str(tmp_path / "missing.gguf"))
@@ -132,7 +133,8 @@ def test_command_line_with_a_saved_draft(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "dflash2_tiny_gen" in proc.stdout  # lm-eval's results table
-    samples = [json.loads(ln) for f in out.rglob("samples_dflash2_tiny_gen_*.jsonl") for ln in f.read_text().splitlines()]
+    files = list(out.rglob("samples_dflash2_tiny_gen_*.jsonl"))
+    samples = [json.loads(ln) for f in files for ln in f.read_text().splitlines()]
     assert len(samples) == 2
     for s in samples:
         assert s["resps"][0][0] == _ar_text(target.model, tok, _args(s)[0])
