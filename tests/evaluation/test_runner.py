@@ -211,3 +211,24 @@ def test_checks_pass_fail_and_skip_when_sampling():
     sampled = [dict(r, temperature=1.0) for r in bad]
     out = run_checks(sampled, checks)
     assert out["oracle_min_accepted"]["passed"] is None and out["oracle_min_accepted"]["skipped"] == "T > 0"
+
+
+def test_draft_trained_on_another_prompt_format_warns_loudly(runner, tmp_path, capsys):
+    from tests.evaluation.test_eval_configs import _compose
+
+    from dflash2.evaluation.runner import EvalRunner, draft_training_format_hash
+
+    ckpt = tmp_path / "draft"
+    runner.draft.save_pretrained(ckpt)
+    cfg_json = json.loads((ckpt / "config.json").read_text())
+    cfg_json["dflash2_training"] = {"format_hash": "0123456789abcdef", "steps": 10}
+    (ckpt / "config.json").write_text(json.dumps(cfg_json))
+    assert draft_training_format_hash(str(ckpt)) == "0123456789abcdef"
+    cfg = _compose(["experiment=tiny_cpu", f"output_dir={tmp_path / 'o'}", f"draft_path={ckpt}"])
+    other = EvalRunner(cfg, tmp_path / "o")
+    err = capsys.readouterr().out
+    assert "PROMPT FORMAT MISMATCH" in err and "0123456789abcdef" in err and other.fmt.hash in err
+    assert other.run_id != runner.run_id  # the checkpoint is part of the run identity
+    cfg_json["dflash2_training"]["format_hash"] = other.fmt.hash
+    (ckpt / "config.json").write_text(json.dumps(cfg_json))
+    assert draft_training_format_hash(str(ckpt)) == other.fmt.hash
