@@ -232,3 +232,26 @@ def test_draft_trained_on_another_prompt_format_warns_loudly(runner, tmp_path, c
     cfg_json["dflash2_training"]["format_hash"] = other.fmt.hash
     (ckpt / "config.json").write_text(json.dumps(cfg_json))
     assert draft_training_format_hash(str(ckpt)) == other.fmt.hash
+
+
+def test_a_samples_draws_depend_on_its_id_only(runner):
+    from dflash2.evaluation import datasets as ds
+    from dflash2.evaluation.arms import Arm
+
+    items = [(it, 1) for it in ds.load_items("gsm8k", source="local", limit=2)]
+    ar = Arm("ar", "ar", 0)
+    old_t, old_n = runner.cfg.temperature, runner.cfg.max_new_tokens
+    try:
+        runner.cfg.max_new_tokens = 6
+        runner.cfg.temperature = 0.0  # T = 0: a batch of two equals two batches of one
+        pair = runner._run_arm(ar, items, {})
+        singles = [runner._run_arm(ar, [x], {})[0] for x in items]
+        assert [r["tokens"] for r in pair] == [r["tokens"] for r in singles]
+        runner.cfg.temperature = 1.0  # sampled: the same draws whatever ran before (order, resume)
+        first = runner._run_arm(ar, [items[1]], {})[0]
+        runner._run_arm(ar, [items[0]], {})
+        again = runner._run_arm(ar, [items[1]], {})[0]
+        assert first["tokens"] == again["tokens"] and first["seed"] == again["seed"]
+        assert runner._run_arm(ar, [items[0]], {})[0]["seed"] != first["seed"]
+    finally:
+        runner.cfg.temperature, runner.cfg.max_new_tokens = old_t, old_n
