@@ -154,6 +154,48 @@ def _check_draft(draft, tgt: TargetModel) -> None:
               f"{emb.dtype}", f"move the draft with draft.to(device={str(emb.device)!r}, dtype={emb.dtype})")
 
 
+def _check_position_limit(rows: list[torch.Tensor], max_new: int, n_spec: int, limit: int) -> None:
+    """The longest row's highest position (module docstring) must be below `limit`."""
+    overhang = n_spec - 1 if (n_spec > 0 and max_new >= 2) else 0
+    b = max(range(len(rows)), key=lambda i: rows[i].numel())
+    plen = rows[b].numel()
+    last = plen + max_new - 1 + overhang
+    if last >= limit:
+        room = limit - overhang
+        block = f" + {overhang} positions of the last speculative block (N={n_spec})" if overhang else ""
+        _fail(f"input_ids row {b}",
+              f"a prompt of {plen} tokens + max_new_tokens={max_new}{block} reaches position {last}, but the "
+              f"target's max_position_embeddings is {limit} (positions 0..{limit - 1})",
+              f"keep prompt + max_new_tokens <= {room}: shorten the prompt to {max(room - max_new, 0)} tokens "
+              f"or lower max_new_tokens to {max(room - plen, 0)}")
+
+
+def _stop_ids(stop_token_ids, vocab: int) -> list[int] | None:
+    """An int, a sequence/set, a 1-D tensor or array of ints in `[0, vocab)` -> a list (None if empty)."""
+    if stop_token_ids is None:
+        return None
+    if _is_int(stop_token_ids):
+        stop_list = [stop_token_ids]
+    elif isinstance(stop_token_ids, torch.Tensor) and stop_token_ids.dim() == 1:
+        stop_list = list(stop_token_ids.detach().cpu().unbind(0))
+    elif getattr(stop_token_ids, "ndim", None) == 1:  # a numpy array
+        stop_list = list(stop_token_ids)
+    elif isinstance(stop_token_ids, Sequence | set | frozenset) and not isinstance(stop_token_ids, (str, bytes)):
+        stop_list = list(stop_token_ids)
+    else:
+        _fail("stop_token_ids", f"is {stop_token_ids!r}", "pass an int, a list of ints, or None")
+    for i, s in enumerate(stop_list):
+        if not _is_int(s):
+            _fail(f"stop_token_ids[{i}]", f"{s!r} ({type(s).__name__}) is not an integer token id",
+                  "pass the tokenizer's integer ids (e.g. tokenizer.eos_token_id)")
+    stops = [operator.index(s) for s in stop_list]
+    if not stops:
+        return None
+    _check_ids("stop_token_ids", torch.tensor(stops, dtype=torch.long), vocab,
+               "use ids of the target's own tokenizer (e.g. tokenizer.eos_token_id)")
+    return stops
+
+
 def check_generate_inputs(
     target,
     draft,
@@ -210,42 +252,10 @@ def check_generate_inputs(
     vocab = int(tgt.vocab_size)
     rows = _prompt_rows(input_ids)
     for b, r in enumerate(rows):
-        _check_ids(f"input_ids row {b}", r, vocab, "tokenize with the target's own tokenizer, and pass rows of different "
-                                   "lengths as a list of 1-D prompts instead of padding them")
-
+        _check_ids(f"input_ids row {b}", r, vocab, "tokenize with the target's own tokenizer, and pass rows of "
+                   "different lengths as a list of 1-D prompts instead of padding them")
     limit = getattr(tgt.config, "max_position_embeddings", None)
     if limit is not None:
-        overhang = n_spec - 1 if (n_spec > 0 and max_new >= 2) else 0
-        b = max(range(len(rows)), key=lambda i: rows[i].numel())
-        plen = rows[b].numel()
-        last = plen + max_new - 1 + overhang  # highest position the row occupies
-        if last >= limit:
-            room = limit - overhang
-            block = f" + {overhang} positions of the last speculative block (N={n_spec})" if overhang else ""
-            _fail(f"input_ids row {b}",
-                  f"a prompt of {plen} tokens + max_new_tokens={max_new}{block} reaches position {last}, but the "
-                  f"target's max_position_embeddings is {limit} (positions 0..{limit - 1})",
-                  f"keep prompt + max_new_tokens <= {room}: shorten the prompt to {max(room - max_new, 0)} tokens "
-                  f"or lower max_new_tokens to {max(room - plen, 0)}")
-
-    stops = None
-    if stop_token_ids is not None:
-        if _is_int(stop_token_ids):
-            stop_list = [stop_token_ids]
-        elif isinstance(stop_token_ids, torch.Tensor) and stop_token_ids.dim() == 1:
-            stop_list = list(stop_token_ids.detach().cpu().unbind(0))
-        elif getattr(stop_token_ids, "ndim", None) == 1:  # a numpy array
-            stop_list = list(stop_token_ids)
-        elif isinstance(stop_token_ids, Sequence | set | frozenset) and not isinstance(stop_token_ids, (str, bytes)):
-            stop_list = list(stop_token_ids)
-        else:
-            _fail("stop_token_ids", f"is {stop_token_ids!r}", "pass an int, a list of ints, or None")
-        for i, s in enumerate(stop_list):
-            if not _is_int(s):
-                _fail(f"stop_token_ids[{i}]", f"{s!r} ({type(s).__name__}) is not an integer token id",
-                      "pass the tokenizer's integer ids (e.g. tokenizer.eos_token_id)")
-        stops = [operator.index(s) for s in stop_list] or None
-        if stops is not None:
-            _check_ids("stop_token_ids", torch.tensor(stops, dtype=torch.long), vocab,
-                       "use ids of the target's own tokenizer (e.g. tokenizer.eos_token_id)")
+        _check_position_limit(rows, max_new, n_spec, int(limit))
+    stops = _stop_ids(stop_token_ids, vocab)
     return GenerateInputs(tgt, draft, rows, n_spec, stops)
