@@ -14,12 +14,9 @@ arm's answer, so every arm sees the same turn-2 prompt and stays paired).
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import random
 from dataclasses import dataclass, field
-
-log = logging.getLogger(__name__)
 
 GSM8K_INSTRUCTION = "Solve the problem step by step. End with the final answer as \\boxed{N}."
 HUMANEVAL_INSTRUCTION = (

@@ -271,7 +271,8 @@ class EvalRunner:
             if arm.kind == "oracle":
                 continue
             d = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl)
-            speculative_generate(self.target, d, [prompt], max_new_tokens=4, num_speculative_tokens=arm.num_speculative_tokens,
+            speculative_generate(self.target, d, [prompt], max_new_tokens=4,
+                                 num_speculative_tokens=arm.num_speculative_tokens,
                                  temperature=self.cfg.temperature, seed=0)
         del ar
 
@@ -411,5 +412,6 @@ def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = 
             log.info("W&B run directory: %s", wandb_dir)
     failed = [k for k, v in summary["checks"].items() if isinstance(v, dict) and v.get("passed") is False]
     if failed:
-        raise RuntimeError(f"evaluation checks failed: {failed}: {json.dumps({k: summary['checks'][k] for k in failed})}")
+        detail = json.dumps({k: summary["checks"][k] for k in failed})
+        raise RuntimeError(f"evaluation checks failed: {failed}: {detail}")
     return summary

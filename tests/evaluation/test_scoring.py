@@ -57,7 +57,8 @@ def test_normalize_rejects_garbage():
 
 
 PROBLEM = {"task_id": "HumanEval/0", "entry_point": "add",
-           "prompt": "import math\n\ndef add(a, b):\n    \"\"\"Add.\"\"\"\n", "test": "def check(f):\n    assert f(1, 2) == 3\n"}
+           "prompt": "import math\n\ndef add(a, b):\n    \"\"\"Add.\"\"\"\n",
+           "test": "def check(f):\n    assert f(1, 2) == 3\n"}
 
 
 def test_humaneval_full_function_in_fence_keeps_prompt_helpers():
