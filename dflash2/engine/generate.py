@@ -98,7 +98,7 @@ def speculative_generate(
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
-    seed: int | None = None,
+    seed: int | Sequence[int] | None = None,
     stop_token_ids: int | Sequence[int] | None = None,
     impl: str = "auto",
     timing: bool = False,
@@ -115,7 +115,8 @@ def speculative_generate(
         num_speculative_tokens: N in 0..block_size-1 (default block_size - 1; 0 = AR).
         temperature: 0 = greedy; > 0 samples (p shaped by T, top-k, top-p; q by T only).
         top_p, top_k: target-side filters (1.0 / 0 = off); ignored when greedy.
-        seed: base seed; row b uses `row_seed(seed, b)`. None draws one from torch's RNG.
+        seed: base seed; row b uses `row_seed(seed, b)`. A list gives one seed per row (row b
+            then samples exactly as a batch of one with `seed=seed[b]`). None draws one.
         stop_token_ids: tokens that end a row (the stop token is kept in the output).
         impl: kernel implementation, `"auto" | "torch" | "triton"`, resolved once here.
         timing: synchronize the device before each phase reading (accurate, slower).

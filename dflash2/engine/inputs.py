@@ -228,8 +228,12 @@ def check_generate_inputs(
     _real_arg("temperature", temperature, lambda t: t >= 0, "[0, inf)", " (0 = greedy)")
     _real_arg("top_p", top_p, lambda p: 0 < p <= 1, "(0, 1]", " (1.0 = off)")
     _int_arg("top_k", top_k, 0, hint=" (0 = off)")
-    if seed is not None:
-        _int_arg("seed", seed, 0, 2**64 - 1, " or None (one is drawn from torch's RNG)")
+    per_row_seeds = seed is not None and not _is_int(seed) and isinstance(seed, (list, tuple, torch.Tensor))
+    if per_row_seeds:
+        for b, s in enumerate(seed.tolist() if isinstance(seed, torch.Tensor) else seed):
+            _int_arg(f"seed[{b}]", s, 0, 2**64 - 1, " (one seed per prompt row)")
+    elif seed is not None:
+        _int_arg("seed", seed, 0, 2**64 - 1, ", a list with one int per prompt row, or None (drawn from torch's RNG)")
     if impl not in IMPLS:
         _fail("impl", f"is {impl!r}", f"use one of {IMPLS}")
     if not isinstance(timing, bool):
@@ -251,6 +255,8 @@ def check_generate_inputs(
 
     vocab = int(tgt.vocab_size)
     rows = _prompt_rows(input_ids)
+    if per_row_seeds and len(seed) != len(rows):
+        _fail("seed", f"has {len(seed)} entries for {len(rows)} prompt rows", "pass one seed per row, or one int")
     for b, r in enumerate(rows):
         _check_ids(f"input_ids row {b}", r, vocab, "tokenize with the target's own tokenizer, and pass rows of "
                    "different lengths as a list of 1-D prompts instead of padding them")

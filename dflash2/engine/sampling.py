@@ -30,8 +30,18 @@ def row_seed(seed: int, row: int) -> int:
     return _splitmix64(_splitmix64(int(seed) & _MASK64) ^ (int(row) & _MASK64)) >> 1
 
 
-def row_seeds(seed: int | None, batch_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """`[B]` int64 seeds. `seed=None` draws a base seed from torch's global generator."""
+def row_seeds(seed, batch_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """`[B]` int64 seeds. `seed=None` draws a base seed from torch's global generator.
+
+    `seed` may also hold one int per row: row b then gets `row_seed(seed[b], 0)`, exactly what
+    a batch of one with `seed=seed[b]` gets, so a caller that keys seeds by sample id (the
+    evaluation runner) can batch sampled rows without changing any row's draws.
+    """
+    if seed is not None and not isinstance(seed, int):
+        seeds = seed.tolist() if isinstance(seed, torch.Tensor) else list(seed)
+        if len(seeds) != batch_size:
+            raise ValueError(f"seed has {len(seeds)} entries for {batch_size} rows; pass one per row")
+        return torch.tensor([row_seed(s, 0) for s in seeds], dtype=torch.long, device=device)
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
     return torch.tensor([row_seed(seed, b) for b in range(batch_size)], dtype=torch.long, device=device)

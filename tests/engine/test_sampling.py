@@ -190,6 +190,24 @@ def test_sampled_rows_do_not_depend_on_batch_neighbours():
     assert ar1.sequences[0].tolist() == ar2.sequences[0].tolist()
 
 
+def test_per_row_seeds_sample_as_batches_of_one():
+    """A list of seeds gives row b exactly the draws of a batch of one with seed[b] (the
+    evaluation runner keys seeds by sample id and batches sampled prompts)."""
+    target, draft = qwen3_target(), random_draft(top_k=4)
+    p = prompts()
+    kw = dict(max_new_tokens=8, num_speculative_tokens=3, temperature=1.0, top_k=50)
+    batched = speculative_generate(target, draft, [p[0], p[4], p[2]], seed=[11, 12, 13], **kw)
+    alone = [speculative_generate(target, draft, [p[i]], seed=s, **kw).sequences[0].tolist()
+             for i, s in ((0, 11), (4, 12), (2, 13))]
+    assert [s.tolist() for s in batched.sequences] == alone
+    swapped = speculative_generate(target, draft, [p[2], p[0]], seed=[13, 11], **kw)
+    assert [s.tolist() for s in swapped.sequences] == [alone[2], alone[0]]
+    with pytest.raises(ValueError, match="seed"):
+        speculative_generate(target, draft, [p[0], p[1]], seed=[1], **kw)
+    with pytest.raises(ValueError, match=r"seed\[1\]"):
+        speculative_generate(target, draft, [p[0], p[1]], seed=[1, -2], **kw)
+
+
 def test_row_seeds():
     s = row_seeds(5, 4)
     assert s.dtype == torch.int64 and len(set(s.tolist())) == 4 and torch.all(s >= 0)
