@@ -98,8 +98,8 @@ class EvalConfig:
             untrained draft from the `draft` group (smoke runs only: it accepts almost nothing).
         max_new_tokens, temperature, top_p, top_k: generation controls, the same for every arm.
         seed: base seed; each sample's seed is derived from (seed, sample_id) only.
-        batch_size: prompts decoded together per arm (> 1 only at temperature 0, where the
-            engine's per-row seeds play no role).
+        batch_size: prompts decoded together per arm. Each row gets its sample's own seed (the
+            engine takes one seed per row), so batching never changes a sample's draws.
         exact: run the engine's exact mode (greedy speculative output equal to AR bit for bit,
             also in bf16); every departure from AR then fails the run.
         compute_logprob: record the target's mean log-probability of each output (one extra
@@ -155,11 +155,6 @@ def validate(cfg: Any) -> None:
         raise ValueError(f"temperature={cfg.temperature}: must be >= 0")
     if cfg.batch_size < 1:
         raise ValueError(f"batch_size={cfg.batch_size}: must be >= 1")
-    if cfg.batch_size > 1 and cfg.temperature > 0:
-        raise ValueError(
-            f"batch_size={cfg.batch_size} with temperature={cfg.temperature}: the engine seeds row b of a batch "
-            "with row_seed(seed, b), so a sample's draws would depend on its batch row; use batch_size=1 when "
-            "sampling (each sample then gets its own seed, keyed by its id)")
     ns = list(cfg.arms.num_speculative_tokens) + list(cfg.arms.oracle_num_speculative_tokens or [])
     if any(n < 1 for n in ns):
         raise ValueError(f"arms.num_speculative_tokens has values < 1 ({ns}); the AR arm is arms.ar")

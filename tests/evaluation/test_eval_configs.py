@@ -48,7 +48,7 @@ def test_typo_fails_with_its_name(override):
 
 
 @pytest.mark.parametrize("override, match", [
-    ("batch_size=4 temperature=0.7", "row_seed"), ("data.datasets=[mmlu]", "mmlu"),
+    ("batch_size=0", "batch_size"), ("data.datasets=[mmlu]", "mmlu"),
     ("arms.num_speculative_tokens=[0]", "arms.ar"), ("arms.oracle_accept_prob=1.5", "oracle_accept_prob"),
 ])
 def test_inconsistent_settings_fail_with_the_fix(override, match):

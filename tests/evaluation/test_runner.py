@@ -253,5 +253,9 @@ def test_a_samples_draws_depend_on_its_id_only(runner):
         again = runner._run_arm(ar, [items[1]], {})[0]
         assert first["tokens"] == again["tokens"] and first["seed"] == again["seed"]
         assert runner._run_arm(ar, [items[0]], {})[0]["seed"] != first["seed"]
+        # Sampled and batched: each row draws with its own sample's seed, as when run alone.
+        pair = runner._run_arm(ar, items, {})
+        singles = [runner._run_arm(ar, [x], {})[0] for x in items]
+        assert [r["tokens"] for r in pair] == [r["tokens"] for r in singles]
     finally:
         runner.cfg.temperature, runner.cfg.max_new_tokens = old_t, old_n
