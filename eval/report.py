@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     from dflash2.evaluation.report import print_summary, write_report
+    from dflash2.engine.cost import add_to_summary
     from dflash2.evaluation.stats import summarize
 
     run_dir = args.run_dir
@@ -80,8 +81,13 @@ def main(argv: list[str] | None = None) -> dict:
     if old_path.is_file():
         old = json.loads(old_path.read_text())
         summary.update({k: old[k] for k in KEEP if k in old})
+    # Cost model calibrated on these records (in-sample), as eval/run.py does; an explicit
+    # --predictions file (e.g. an out-of-sample model) replaces its predictions in the plot.
+    predictions = add_to_summary(summary, records)
+    if args.predictions:
+        predictions = json.loads(args.predictions.read_text())
+        summary["cost_model"]["plotted_predictions"] = f"from {args.predictions}"
     old_path.write_text(json.dumps(summary, indent=2))
-    predictions = json.loads(args.predictions.read_text()) if args.predictions else None
     config = read_config(run_dir)
     path = write_report(run_dir, records, summary, config=config, predictions=predictions)
     print_summary(summary)

@@ -391,8 +391,9 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
 
     Per temperature: (1) per-arm step costs from the calibration arms' generations at the run's
     batch size, `wall = o + c_arm * steps` (o: per-generation overhead shared by all arms);
-    (2) `StepCostModel.fit` on (B, N, mean ctx, c_arm) (AR gives N = 0); (3) per arm kind
-    (spec, selector_off, oracle), the acceptance profile of its calibration arm with the
+    then per arm kind (spec, selector_off, oracle: their steps cost differently) with at least
+    two calibrated N values: (2) `StepCostModel.fit` on (B, N, mean ctx, c_arm) of the AR arm
+    (N = 0) and that kind's arms; (3) the acceptance profile of its calibration arm with the
     largest N; (4) per predicted arm: steady-state `Prediction`, and the end-to-end speedup the
     reports measure, `sum_g (o + S_g(0) c(B,0)) / sum_g (o + S_g(N) c(B,N))` over the AR arm's
     generations g, with `S_g(N) = (max_rows (tokens - 1) + (E - 1) / 2) / E(N)` expected steps
@@ -422,14 +423,14 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
     cal = set(calibrate_arms) if calibrate_arms is not None else None
     pred = set(predict_arms) if predict_arms is not None else None
     out: dict = {"formula": FORMULA, "arms": {}, "predictions": {}, "profiles": {}, "best_n": {},
-                 "step_cost": {}, "calibrated_on": [], "predicted": []}
+                 "step_cost": {}, "skipped": {}, "calibrated_on": [], "predicted": []}
     for t in temps:
         recs = [r for r in kept if float(r["temperature"]) == t]
         key = (lambda a: f"{a}|T={t:g}") if len(temps) > 1 else (lambda a: a)
         _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out)
     inside = sorted(set(out["predicted"]) & set(out["calibrated_on"]))
     out["in_sample"] = bool(inside)
-    out["label"] = (f"in-sample: {len(inside)} of {len(out['predicted'])} predicted arms were also used for "
+    out["label"] = "nothing predicted: " + "; ".join(out["skipped"].values()) if not out["predicted"] else (f"in-sample: {len(inside)} of {len(out['predicted'])} predicted arms were also used for "
                     "calibration (their step costs are fitted to the very wall times they are compared with)"
                     if inside else "out-of-sample: no predicted arm was used for calibration")
     return out
@@ -455,60 +456,63 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
     ctx = {a: float(np.average([_gen_ctx(g) for g in gens[a]], weights=[max(int(r["steps"]) for r in g) or 1
                                                                           for g in gens[a]])) for a in gens}
     steps = {a: sum(int(r["steps"]) for r in recs if r["arm"] == a) for a in info}
-    model = StepCostModel.fit([StepCost(batch, info[a][1], ctx[a], c, weight=max(steps[a], 1))
-                               for a, c in step_c.items()], min_ctx_spread=min_ctx_spread)
-    out["step_cost"][f"T={t:g}"] = {"batch": batch, "per_arm_stage": stage1, **model.info()}
+    out["step_cost"][f"T={t:g}"] = {"batch": batch, "per_arm_stage": stage1}
     out["calibrated_on"] += [key(a) for a in step_c]
-
     by_arm = defaultdict(list)
     for r in recs:
         by_arm[r["arm"]].append(r)
     ar_by_sample = {r["sample_id"]: r for r in by_arm[ar]}
-    profiles: dict[str, AcceptanceProfile] = {}
+    c_ctx, ar_gens = ctx[ar], gens[ar]
+
+    def wall(c: float, e_tok: float) -> float:
+        """Predicted wall time over the AR arm's generations at E tokens/step and c s/step; the
+        last step overshoots what a row still needs by (E - 1) / 2 tokens on average."""
+        return sum(overhead + c * (max(max(len(r["tokens"] or []) - 1, 0) for r in g) + (e_tok - 1) / 2) / e_tok
+                   for g in ar_gens)
+
+    # One step-cost model per arm kind (an oracle step has no draft forward, a dflash2 step has
+    # one), each fitted on the AR arm plus that kind's calibration arms; it needs two N values.
     for kind in sorted({k for k, _ in info.values()} - {"ar"}):
+        fam = f"{kind}|T={t:g}"
         arms = [a for a in step_c if info[a][0] == kind]
-        if arms:
-            top = max(arms, key=lambda a: info[a][1])
-            profiles[kind] = AcceptanceProfile.from_accepted([r["accepted"] for r in by_arm[top]], info[top][1],
-                                                             source=key(top))
-            p = profiles[kind]
-            out["profiles"][f"{kind}|T={t:g}"] = {"source": p.source, "conditional": list(p.conditional),
-                                                  "unconditional": p.unconditional}
-    c_ctx = ctx[ar]
-    ar_gens = gens[ar]
-    for arm, (kind, n) in sorted(info.items(), key=lambda kv: (kv[1][0], kv[1][1])):
-        if (pred is not None and arm not in pred and key(arm) not in pred) or (kind != "ar" and kind not in profiles):
+        cal_n = sorted({info[a][1] for a in arms})
+        if len(cal_n) < 2:
+            out["skipped"][fam] = (f"calibration has N = {cal_n} only: the step cost's dependence on N cannot be "
+                                   "fitted from fewer than two N values")
             continue
-        prof = profiles.get(kind, AcceptanceProfile(()))
-        prof = prof.extended(n) if n > len(prof.conditional) else prof
-        p = predict_speedup(model, prof, batch, n, c_ctx)
-        e = p.expected_tokens_per_step
-
-        def wall(c, e_tok):
-            # The last step overshoots what a row still needs by (E - 1) / 2 tokens on average.
-            return sum(overhead + c * (max(max(len(r["tokens"] or []) - 1, 0) for r in g) + (e_tok - 1) / 2) / e_tok
-                       for g in ar_gens)
-
-        e2e = wall(p.ar_step_s, 1.0) / wall(p.step_s, e)
-        pairs = [(ar_by_sample[r["sample_id"]], r) for r in by_arm[arm] if r["sample_id"] in ar_by_sample]
-        w_ar, w_x = sum(float(a["wall_s"]) for a, _ in pairs), sum(float(x["wall_s"]) for _, x in pairs)
-        acc = [a for r in by_arm[arm] for a in r["accepted"]]
-        toks, w_arm = sum(len(r["tokens"] or []) for r in by_arm[arm]), sum(float(r["wall_s"]) for r in by_arm[arm])
-        k = key(arm)
-        out["arms"][k] = {
-            "arm_kind": kind, "N": n, "batch": batch, "ctx": c_ctx, "in_sample": arm in step_c,
-            "predicted_step_s": p.step_s, "measured_step_s": step_c.get(arm),
-            "predicted_tau": e, "measured_tau": (sum(acc) + len(acc)) / len(acc) if acc else None,
-            "predicted_decode_tokens_per_s": p.tokens_per_s, "predicted_decode_speedup": p.speedup,
-            "predicted_speedup": e2e, "measured_speedup": w_ar / w_x if w_x > 0 else None,
-            "measured_tokens_per_s": toks / w_arm if w_arm > 0 else None, "warnings": list(p.warnings)}
-        out["predicted"].append(k)
-        if kind != "ar":
-            out["predictions"][k] = e2e
-    for kind, prof in profiles.items():
+        model = StepCostModel.fit([StepCost(batch, info[a][1], ctx[a], step_c[a], weight=max(steps[a], 1))
+                                   for a in [ar] + arms], min_ctx_spread=min_ctx_spread)
+        out["step_cost"][fam] = model.info()
+        top = max(arms, key=lambda a: info[a][1])
+        prof = AcceptanceProfile.from_accepted([r["accepted"] for r in by_arm[top]], info[top][1], source=key(top))
+        out["profiles"][fam] = {"source": prof.source, "conditional": list(prof.conditional),
+                                "unconditional": prof.unconditional}
+        targets = [a for a, (k, _) in info.items() if k == kind or (k == "ar" and key(a) not in out["arms"])]
+        for arm in sorted(targets, key=lambda a: info[a][1]):
+            if pred is not None and arm not in pred and key(arm) not in pred:
+                continue
+            n = info[arm][1]
+            p = predict_speedup(model, prof.extended(n), batch, n, c_ctx)
+            e = p.expected_tokens_per_step
+            e2e = wall(p.ar_step_s, 1.0) / wall(p.step_s, e)
+            pairs = [(ar_by_sample[r["sample_id"]], r) for r in by_arm[arm] if r["sample_id"] in ar_by_sample]
+            w_ar, w_x = sum(float(a["wall_s"]) for a, _ in pairs), sum(float(x["wall_s"]) for _, x in pairs)
+            acc = [a for r in by_arm[arm] for a in r["accepted"]]
+            toks = sum(len(r["tokens"] or []) for r in by_arm[arm])
+            w_arm = sum(float(r["wall_s"]) for r in by_arm[arm])
+            k = key(arm)
+            out["arms"][k] = {
+                "arm_kind": info[arm][0], "N": n, "model": fam, "batch": batch, "ctx": c_ctx,
+                "in_sample": arm in step_c, "predicted_step_s": p.step_s, "measured_step_s": step_c.get(arm),
+                "predicted_tau": e, "measured_tau": (sum(acc) + len(acc)) / len(acc) if acc else None,
+                "predicted_decode_tokens_per_s": p.tokens_per_s, "predicted_decode_speedup": p.speedup,
+                "predicted_speedup": e2e, "measured_speedup": w_ar / w_x if w_x > 0 else None,
+                "measured_tokens_per_s": toks / w_arm if w_arm > 0 else None, "warnings": list(p.warnings)}
+            out["predicted"].append(k)
+            if n > 0:
+                out["predictions"][k] = e2e
         best, preds = best_num_speculative_tokens(model, prof, batch, c_ctx)
-        cal_n = sorted(info[a][1] for a in step_c if info[a][0] == kind)
-        out["best_n"][f"{kind}|T={t:g}"] = {
+        out["best_n"][fam] = {
             "N": best, "batch": batch, "ctx": c_ctx, "calibrated_N": cal_n,
             "predicted_decode_tokens_per_s": {str(q.n): q.tokens_per_s for q in preds},
             "note": ("within the calibrated N range" if cal_n[0] <= best <= cal_n[-1] else
@@ -543,6 +547,33 @@ def for_report(records: list[dict]) -> tuple[dict, dict[str, float] | None]:
     return res, res["predictions"] or None
 
 
-__all__ = ["AcceptanceProfile", "BatchFit", "FORMULA", "Prediction", "StepCost", "StepCostModel", "TERMS",
+def _jsonable(obj):
+    """nan/inf -> None, tuples -> lists (summary.json is strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def add_to_summary(summary: dict, records: list[dict]) -> dict[str, float] | None:
+    """`summary["cost_model"] = for_report(records)[0]` (JSON-safe) and its one-line verdict
+    appended to `summary["notes"]` (shown in the report).
+
+    Returns:
+        arm -> predicted speedup for `report.write_report(..., predictions=)`, or None.
+    """
+    info, predictions = for_report(records)
+    summary["cost_model"] = _jsonable(info)
+    if "note" in info:
+        summary.setdefault("notes", []).append(info["note"])
+    elif "error" in info:
+        summary.setdefault("notes", []).append(f"cost model not computed: {info['error']}")
+    return predictions
+
+
+__all__ = ["add_to_summary", "AcceptanceProfile", "BatchFit", "FORMULA", "Prediction", "StepCost", "StepCostModel", "TERMS",
            "best_num_speculative_tokens", "expected_tokens_per_step", "for_report", "from_records",
            "predict_speedup"]

@@ -299,7 +299,7 @@ class EvalRunner:
             out = speculative_generate(
                 self.target, draft, prompts, max_new_tokens=cfg.max_new_tokens,
                 num_speculative_tokens=arm.num_speculative_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                top_k=cfg.top_k, seed=seeds[0], stop_token_ids=self.stops, **kw)
+                top_k=cfg.top_k, seed=seeds, stop_token_ids=self.stops, **kw)
         except TypeError as e:
             if cfg.exact and "exact" in str(e):
                 raise RuntimeError("exact=true but this engine has no exact mode; set exact=false") from e
@@ -398,16 +398,19 @@ def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = 
     summary["checks"] = run_checks(records, cfg.checks, exact=bool(cfg.exact))
     if runner is not None:
         summary["run_id"], summary["prompt_format"] = runner.run_id, runner.fmt.to_dict()
+    from dflash2.engine.cost import add_to_summary
+
+    predictions = add_to_summary(summary, records)  # summary["cost_model"] (in-sample) + a note
     (out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, default=str))
     config = to_container(cfg)
-    report.write_report(out_dir, records, summary, config=config)
+    report.write_report(out_dir, records, summary, config=config, predictions=predictions)
     report.print_summary(summary)
     try:
         from dflash2.evaluation import wandb_log
     except ImportError:
         log.warning("dflash2.evaluation.wandb_log is not available; skipping W&B")
     else:
-        wandb_dir = wandb_log.log_run(summary, records, cfg.logger, config, out_dir)
+        wandb_dir = wandb_log.log_run(summary, records, cfg.logger, config, out_dir, predictions=predictions)
         if wandb_dir:
             log.info("W&B run directory: %s", wandb_dir)
     failed = [k for k, v in summary["checks"].items() if isinstance(v, dict) and v.get("passed") is False]

@@ -144,6 +144,15 @@ def test_for_report_gate_and_errors():
     two = synthetic_records(n_per_dataset=4, ns=(3, 7))
     info, preds = cost.for_report(two)
     assert set(preds) == {"dflash2@N=3", "dflash2@N=7"} and info["note"].startswith("cost model (in-sample)")
+    # Each arm kind gets its own step-cost fit; a kind with one N value is skipped, with the reason.
+    mixed = synthetic_records(n_per_dataset=4, ns=(3, 7), selector_off=True)
+    info, preds = cost.for_report(mixed)
+    assert set(preds) == {"dflash2@N=3", "dflash2@N=7"} and "selector_off|T=0" in info["skipped"]
+    assert set(info["step_cost"]) == {"T=0", "spec|T=0"}
+    # Several temperatures: arm keys as in stats.summarize.
+    multi = two + synthetic_records(n_per_dataset=4, ns=(3, 7), temperature=0.7, seed=1)
+    info, preds = cost.for_report(multi)
+    assert set(preds) == {f"dflash2@N={n}|T={t}" for n in (3, 7) for t in ("0", "0.7")}
     broken = [dict(r, wall_s=0.0) for r in two]
     info, preds = cost.for_report(broken)
     assert preds is None and "ValueError" in info["error"]
@@ -163,3 +172,21 @@ def test_bad_inputs_fail_clearly():
     assert ext.conditional == (0.8, 0.6, 0.6, 0.6) and ext.extended_from == 2
     p = cost.predict_speedup(model, ext, 1, 4, 512)
     assert any("beyond position 2" in w for w in p.warnings)
+
+
+def test_eval_report_rebuild_writes_cost_model(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    recs = synthetic_records(n_per_dataset=3, ns=(3, 7))
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    spec = importlib.util.spec_from_file_location("eval_report", Path(__file__).parents[2] / "eval" / "report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main([str(tmp_path), "--n-resamples", "50"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    cm = summary["cost_model"]
+    assert cm["in_sample"] and set(cm["predictions"]) == {"dflash2@N=3", "dflash2@N=7"}
+    assert any(n.startswith("cost model (in-sample)") for n in summary["notes"])
+    assert (tmp_path / "plots" / "predicted_vs_measured_speedup.png").is_file()
+    assert "cost model (in-sample)" in (tmp_path / "report.md").read_text()
