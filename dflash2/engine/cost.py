@@ -101,7 +101,7 @@ class StepCostModel:
 
     @classmethod
     def fit(cls, measurements: Iterable[StepCost], *, min_ctx_spread: float = 0.2) -> "StepCostModel":
-        """Weighted least squares per batch size (numpy `lstsq` on sqrt(weight)-scaled rows).
+        """Weighted non-negative least squares per batch size (sqrt(weight)-scaled rows).
 
         Args:
             measurements: `StepCost` rows (per step, or aggregated with `weight` = steps).
@@ -182,7 +182,14 @@ def _fit_batch(batch: int, ms: list[StepCost], min_ctx_spread: float) -> BatchFi
             keep.append(j)
         else:
             dropped[term] = "not identifiable from these measurements (column in the span of the others)"
-    beta, *_ = np.linalg.lstsq(x[:, keep] * w[:, None], y * w, rcond=None)
+    # Non-negative least squares: every term is a cost, and noise must not buy a negative slope
+    # that turns into a negative step cost when extrapolated. Columns scaled for conditioning.
+    from scipy.optimize import nnls
+
+    scale = np.maximum(np.abs(x[:, keep]).max(axis=0), 1e-300)
+    beta, _ = nnls(x[:, keep] / scale * w[:, None], y * w)
+    beta = beta / scale
+    at_zero = [TERMS[j] for j, b in zip(keep, beta) if b == 0.0]
     coef = {t: 0.0 for t in TERMS}
     for j, b in zip(keep, beta):
         coef[TERMS[j]] = float(b)
@@ -193,6 +200,8 @@ def _fit_batch(batch: int, ms: list[StepCost], min_ctx_spread: float) -> BatchFi
                  for a, c, m, p, r in zip(n, ctx, y, pred, rel)]
     if len(residuals) > 64:  # per-step fits: keep the report small, the summary numbers cover all
         residuals = sorted(residuals, key=lambda r: -abs(r["rel"]))[:16]
+    for t in at_zero:
+        dropped[t] = "fitted at its bound 0 (non-negative least squares): no measurable cost"
     return BatchFit(
         batch=batch, coef=coef, dropped=dropped, n_points=len(ms), dof=len(ms) - len(keep),
         rms_rel_residual=float(np.sqrt(np.sum(wts * rel**2) / np.sum(wts))),
@@ -255,6 +264,26 @@ class AcceptanceProfile:
         if steps.size == 0:
             raise ValueError(f"no decoding steps to estimate an acceptance profile from ({source or 'records'})")
         return cls.from_unconditional([float((steps >= i).mean()) for i in range(1, n + 1)], source)
+
+    @classmethod
+    def pooled(cls, accepted_by_n: dict[int, Iterable[Iterable[int]]], source: str = "") -> "AcceptanceProfile":
+        """Conditional rates pooled over runs at several N: `a_i` = steps accepting >= i / steps
+        accepting >= i - 1, over the runs with N >= i (valid when a slot's acceptance does not
+        depend on N, as for the oracle proposer; more steps per position than one run gives).
+
+        Args:
+            accepted_by_n: N -> per-row, per-step accepted counts of runs at that N.
+        """
+        steps = {n: np.array([a for row in acc for a in row], dtype=np.int64) for n, acc in accepted_by_n.items()}
+        top = max(steps) if steps else 0
+        cond = []
+        for i in range(1, top + 1):
+            reached = sum(int((s >= i - 1).sum()) for n, s in steps.items() if n >= i)
+            hits = sum(int((s >= i).sum()) for n, s in steps.items() if n >= i)
+            cond.append(hits / reached if reached else 0.0)
+        if not any(s.size for s in steps.values()):
+            raise ValueError(f"no decoding steps to estimate an acceptance profile from ({source or 'runs'})")
+        return cls(tuple(cond), source)
 
     @property
     def unconditional(self) -> list[float]:

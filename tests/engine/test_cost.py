@@ -79,6 +79,12 @@ def test_expected_tokens_matches_monte_carlo():
         se = np.sqrt(a[:n] * (1 - a[:n]) / np.maximum(reached, 1))  # binomial SE of each a_i estimate
         assert np.all(np.abs(np.asarray(prof.conditional) - a[:n]) < 5 * se + 1e-9)
     assert AcceptanceProfile.from_unconditional([0.8, 0.4, 0.0, 0.0]).conditional == (0.8, 0.5, 0.0, 0.0)
+    # Pooled over runs at several N: one run equals from_accepted; pooling by hand on a toy case.
+    rows = [[0, 2, 3, 1], [3, 3]]
+    assert AcceptanceProfile.pooled({3: rows}).conditional == pytest.approx(
+        AcceptanceProfile.from_accepted(rows, 3).conditional)
+    pooled = AcceptanceProfile.pooled({1: [[1, 0, 1, 1]], 2: [[2, 0]]}).conditional
+    assert pooled == pytest.approx((4 / 6, 1 / 1))  # a_1 over 6 steps, a_2 over N=2's one step with >= 1
 
 
 def test_best_n_picks_the_argmax():
