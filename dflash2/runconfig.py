@@ -99,11 +99,14 @@ class LoggerSpec:
 @dataclass
 class HardwareSpec:
     """`device`: `auto` (CUDA when available, else CPU) | `cpu` | `cuda` | `cuda:N`.
-    `mixed_precision`: `no` | `bf16` (autocast for training; ignored where unsupported)."""
+    `mixed_precision`: `no` | `bf16` (autocast for training; ignored where unsupported).
+    `distributed` (training with several processes): `auto` (FSDP when `accelerate launch` got an
+    FSDP config, else DDP) | `ddp` | `fsdp` (shard the draft per decoder layer, FSDP2)."""
 
     device: str = "auto"
     mixed_precision: str = "no"
     num_threads: int | None = None
+    distributed: str = "auto"
 
 
 @dataclass

@@ -7,8 +7,13 @@ Each checkpoint directory holds
 and is written to `step_<n>.tmp` first and renamed, so a kill mid-write never leaves a
 half checkpoint that resume would pick. Everything is saved from the unwrapped model and
 rank 0's optimizer (DDP replicas are identical), so a checkpoint written on 2 processes
-resumes on 1 and vice versa. The data position needs no RNG: the batch order and anchors
-are functions of (seed, epoch, index) (`dflash2.training.layout.anchor_seed`).
+resumes on 1 and vice versa. Under FSDP the trainer gathers the full model and optimizer
+state first and saves the same files: the optimizer state is always the index-keyed form of
+`torch.optim.Optimizer.state_dict()` (`optimizer_state_by_index` converts the name-keyed
+form of `torch.distributed.checkpoint.state_dict` to it, `optimizer_state_by_name` back),
+so checkpoints move freely between 1 process, DDP and FSDP. The data position needs no RNG:
+the batch order and anchors are functions of (seed, epoch, index)
+(`dflash2.training.layout.anchor_seed`).
 """
 
 from __future__ import annotations
@@ -47,13 +52,19 @@ def checkpoint_dir(out_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(out_dir: Path, step: int, draft, optimizer, scheduler, extra: dict, keep: int) -> Path:
-    """Write the checkpoint of `step` atomically and prune all but the newest `keep` (main process)."""
+    """Write the checkpoint of `step` atomically and prune all but the newest `keep` (main process).
+
+    Args:
+        draft: an unsharded draft (`save_pretrained`); optimizer: an optimizer, or its full
+            index-keyed state dict (already gathered under FSDP); scheduler: an LR scheduler.
+    """
     final = checkpoint_dir(out_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     draft.save_pretrained(tmp)
-    state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+    opt_state = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
+    state = {"step": step, "optimizer": opt_state, "scheduler": scheduler.state_dict(),
              "rng": rng_state(), **extra}
     torch.save(state, tmp / STATE_NAME)
     (tmp / DONE_NAME).write_text(str(step))
@@ -97,3 +108,44 @@ def load_draft_weights(draft, ckpt: Path) -> None:
             raise ValueError(f"checkpoint {ckpt} lacks {missing[:3]}: it was written by a different draft config")
         for name, t in own.items():
             t.copy_(tensors[name].to(t.dtype))
+
+
+def optimizer_state_by_index(named: dict) -> dict:
+    """The index-keyed `Optimizer.state_dict()` form of a name-keyed full optimizer state.
+
+    Args:
+        named: `{"state": {fqn: {...}}, "param_groups": [{..., "params": [fqn, ...]}]}` as
+            `torch.distributed.checkpoint.state_dict.get_optimizer_state_dict` returns it.
+    Returns:
+        `{"state": {i: {...}}, "param_groups": [{..., "params": [i, ...]}]}`, parameters numbered
+        in group order exactly as `torch.optim.Optimizer.state_dict` numbers them.
+    """
+    index: dict[str, int] = {}
+    groups = []
+    for g in named["param_groups"]:
+        ids = [index.setdefault(name, len(index)) for name in g["params"]]
+        group = {**g, "params": ids}
+        if isinstance(group.get("betas"), list):   # the gather turns Adam's tuple into a list
+            group["betas"] = tuple(group["betas"])
+        groups.append(group)
+    unknown = sorted(set(named["state"]) - set(index))
+    if unknown:
+        raise ValueError(f"optimizer state for {unknown[:3]}, which no param group lists")
+    state = {index[name]: v for name, v in sorted(named["state"].items(), key=lambda kv: index[kv[0]])}
+    return {"state": state, "param_groups": groups}
+
+
+def optimizer_state_by_name(indexed: dict, names: list[str]) -> dict:
+    """Inverse of `optimizer_state_by_index`: `names[i]` is the name of parameter `i`.
+
+    Raises:
+        ValueError: the checkpoint's optimizer has another number of parameters than `names`
+            (a different draft config or `train.freeze`).
+    """
+    count = sum(len(g["params"]) for g in indexed["param_groups"])
+    if count != len(names):
+        raise ValueError(f"the checkpoint's optimizer holds {count} parameters but this run trains {len(names)}: "
+                         "it was written with another draft config or train.freeze")
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in indexed["param_groups"]]
+    state = {names[int(i)]: v for i, v in indexed["state"].items()}
+    return {"state": state, "param_groups": groups}

@@ -12,12 +12,21 @@ Per optimizer step, on each process:
 Everything a step depends on is a function of (seed, step) and the saved state, so a killed run
 resumed from `DIR/checkpoints/step_<n>/` reproduces the uninterrupted loss curve (bit-identical
 on CPU fp32), and a 2-process run matches a 1-process run at the same global batch.
+
+Several processes (`hardware.distributed`): DDP (accelerate wraps the objective) or FSDP2
+(`fully_shard` per draft decoder layer plus one root unit for fc, norms and selector; fp32
+master weights and gradient reduce-scatter, bf16 compute through the same autocast as DDP).
+The frozen target is never wrapped: every process holds it whole, without gradients. Under
+FSDP, checkpoints, evaluation and the export use the gathered full state, so the files are
+the same as with 1 process or DDP (docs/MULTI_GPU.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
+import warnings
 import resource
 import time
 from pathlib import Path
@@ -89,6 +98,66 @@ def target_pass(target, batch: dict[str, torch.Tensor], layer_ids: list[int], *,
     return res
 
 
+def distributed_mode(hardware, accelerator) -> str:
+    """`single`, `ddp` or `fsdp` for this launch.
+
+    `hardware.distributed=auto` follows `accelerate launch` (FSDP when its config says FSDP);
+    `fsdp` shards even under a plain multi-process launch (and on CPU, where accelerate has no
+    FSDP mode); `ddp` refuses an FSDP launch config rather than silently ignoring one of them.
+    """
+    from accelerate.utils import DistributedType
+
+    want = getattr(hardware, "distributed", "auto")
+    if want not in ("auto", "ddp", "fsdp"):
+        raise ValueError(f"hardware.distributed={want!r}: use auto, ddp or fsdp")
+    launched_fsdp = accelerator.distributed_type == DistributedType.FSDP
+    if want == "ddp" and launched_fsdp:
+        raise ValueError("hardware.distributed=ddp, but accelerate was launched with an FSDP config: "
+                         "drop one of them (e.g. use configs/accelerate/ddp_2gpu.yaml)")
+    if accelerator.num_processes == 1:
+        if want == "fsdp":
+            warnings.warn("hardware.distributed=fsdp with one process: nothing to shard, training unsharded",
+                          stacklevel=2)
+        return "single"
+    return "fsdp" if want == "fsdp" or launched_fsdp else "ddp"
+
+
+def shard_objective(objective, device: torch.device, accelerator) -> bool:
+    """FSDP2 in place: one `fully_shard` unit per draft decoder layer, then the objective as root
+    (fc, norms, selector codebooks). Options from an accelerate FSDP config: `reshard_after_forward`
+    (bool) and `activation_checkpointing`; CPU offload is refused. Returns whether the accelerate
+    config asked for activation checkpointing.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    reshard, act_ckpt = True, False
+    if plugin is not None:
+        offload = getattr(plugin, "cpu_offload", None)
+        if getattr(offload, "offload_params", False) or type(offload).__name__ == "CPUOffloadPolicy":
+            raise ValueError("the accelerate FSDP config asks for CPU offload (fsdp_offload_params: true), which "
+                             "the distillation trainer does not support: set it to false")
+        if isinstance(getattr(plugin, "reshard_after_forward", None), bool):
+            reshard = plugin.reshard_after_forward
+        act_ckpt = bool(getattr(plugin, "activation_checkpointing", False))
+    mesh = init_device_mesh(device.type, (accelerator.num_processes,))
+    for layer in objective.draft.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(objective, mesh=mesh)
+    return act_ckpt
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model):
+    """Accumulate unreduced gradients over micro-batches (FSDP2's `no_sync`)."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
 class Distiller:
     """One distillation run. `fit()` trains, checkpoints, evaluates and exports `DIR/final/`.
 
@@ -117,12 +186,19 @@ class Distiller:
             accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mp)
         self.acc = accelerator
         self.device = accelerator.device
+        self.mode = distributed_mode(cfg.hardware, accelerator)
+        self.fsdp = self.mode == "fsdp"
         if draft is None:
             if cfg.init_from:
                 draft = warm_start(cfg.init_from, cfg.draft.architecture, cfg.draft)
             else:
                 draft = new_draft(cfg.draft, target, tokenizer, seed=self.tc.seed)
         target.check_compatible(draft.config)   # vocab / hidden / layer ids vs this target
+        # FSDP: the main process keeps an unsharded CPU copy that receives the gathered full
+        # state for checkpoints, evaluation and the export (`_full_draft`).
+        self._mirror, self._mirror_at = None, -1
+        if self.fsdp and accelerator.is_main_process:
+            self._mirror = copy.deepcopy(draft.float()).cpu().requires_grad_(False)
         self.draft = draft.float().to(self.device).train()
         self.draft.layer_checkpointing = bool(self.tc.gradient_checkpointing)
         if self.tc.freeze == "backbone":
@@ -145,21 +221,38 @@ class Distiller:
                              "lower the batch size or add data")
         self.total_steps = self.tc.max_steps or self.tc.epochs * self.steps_per_epoch
 
+        self.start_step, resume_state = 0, None
+        ckpt = st.latest_checkpoint(self.out_dir) if cfg.resume else None
+        if ckpt is not None:   # full weights into the unsharded draft, on every process
+            st.load_draft_weights(self.draft, ckpt)
+            resume_state = st.load_state(ckpt)
+            self.start_step = int(resume_state["step"])
         objective = DistillObjective(self.draft, self.tc.objective()).to(self.device)
-        params = [p for p in self.draft.parameters() if p.requires_grad]
+        if self.fsdp and shard_objective(objective, self.device, accelerator):
+            self.draft.layer_checkpointing = True
+        # After sharding, the parameters are the sharded DTensors the optimizer must own.
+        params = [p for p in (objective if self.fsdp else self.draft).parameters() if p.requires_grad]
+        names = {id(p): n for n, p in objective.named_parameters()}
+        self.param_names = [names[id(p)] for p in params]          # optimizer index -> "draft.<fqn>"
         opt = torch.optim.AdamW(params, lr=self.tc.lr, betas=tuple(self.tc.adam_betas),
                                 weight_decay=self.tc.weight_decay)
         self.scheduler = cosine_with_warmup(opt, int(self.tc.warmup_ratio * self.total_steps), self.total_steps,
                                             self.tc.min_lr_ratio)
-        self.start_step, resume_state = 0, None
-        ckpt = st.latest_checkpoint(self.out_dir) if cfg.resume else None
-        if ckpt is not None:
-            st.load_draft_weights(self.draft, ckpt)
-            resume_state = st.load_state(ckpt)
-            self.start_step = int(resume_state["step"])
-        self.model, self.optimizer = accelerator.prepare(objective, opt)
+        if self.fsdp:
+            # accelerate's own FSDP preparation is not used (it exists only for GPUs and would
+            # re-wrap): the sharded objective and a plain optimizer, same loop otherwise.
+            self.model, self.optimizer = objective, opt
+        else:
+            self.model, self.optimizer = accelerator.prepare(objective, opt)
         if resume_state is not None:
-            self.optimizer.load_state_dict(resume_state["optimizer"])
+            if self.fsdp:
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+                named = st.optimizer_state_by_name(resume_state["optimizer"], self.param_names)
+                set_optimizer_state_dict(self.model, self.optimizer, named,
+                                         options=StateDictOptions(full_state_dict=True))
+            else:
+                self.optimizer.load_state_dict(resume_state["optimizer"])
             self.scheduler.load_state_dict(resume_state["scheduler"])
             st.set_rng_state(resume_state["rng"])
         self.params = params
@@ -232,13 +325,18 @@ class Distiller:
         for j, mb in enumerate(chunks):
             batch, mask = self.make_batch([self.data.train[i] for i in mb], [(epoch, i) for i in mb])
             tokens += batch.pop("_tokens")
-            sync = contextlib.nullcontext() if j == len(chunks) - 1 else self.acc.no_sync(self.model)
+            sync = (contextlib.nullcontext() if j == len(chunks) - 1 else
+                    _fsdp_no_sync(self.model) if self.fsdp else self.acc.no_sync(self.model))
             with sync:
                 with self.acc.autocast():
                     loss, p = self.model(batch, mask, self._embed, self._head)
                 self.acc.backward(loss / len(chunks))
             parts = p if parts is None else parts + p
-        grad_norm = self.acc.clip_grad_norm_(self.params, self.tc.grad_clip)
+        if self.fsdp:   # DTensor-aware in torch; the norm comes back as a replicated DTensor
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.tc.grad_clip)
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        else:
+            grad_norm = self.acc.clip_grad_norm_(self.params, self.tc.grad_clip)
         self._check_finite(step + 1, parts, grad_norm)
         self.optimizer.step()
         self.scheduler.step()
@@ -257,12 +355,23 @@ class Distiller:
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def evaluate(self, step: int) -> dict[str, float]:
-        """Held-out proxy metrics (training forward, no grad) and real tau from the engine."""
+    def evaluate(self, step: int, full_draft=None) -> dict[str, float]:
+        """Held-out proxy metrics (training forward, no grad) and real tau from the engine.
+
+        Args:
+            step: the optimizer step evaluated (for the caller's logs).
+            full_draft: under FSDP, the gathered unsharded draft (`_full_draft`, main process);
+                None evaluates the live model (1 process, DDP).
+        """
         from dflash2.engine import speculative_generate
         from dflash2.runconfig import stop_token_ids
 
-        objective = self.acc.unwrap_model(self.model)
+        live = self.draft
+        if full_draft is None:
+            objective = self.acc.unwrap_model(self.model)
+        else:
+            live = full_draft.to(self.device)
+            objective = DistillObjective(live, self.tc.objective()).to(self.device)
         was = objective.training
         objective.eval()
         out: dict[str, float] = {}
@@ -281,10 +390,8 @@ class Distiller:
                         "eval/recall_at_k": proxy["recall_at_k"]})
         prompts = self.data.heldout_prompts[: self.tc.eval_prompts]
         if prompts and self.tc.eval_max_new_tokens > 0:
-            draft = self.draft
+            draft = live
             if draft.dtype != self.target.dtype:
-                import copy
-
                 draft = copy.deepcopy(draft).to(self.target.dtype)
             draft.eval()
             res = speculative_generate(self.target, draft, [torch.tensor(p) for p in prompts],
@@ -295,7 +402,9 @@ class Distiller:
             if "eval/tau_proxy" in out:
                 out["eval/gap"] = out["eval/tau_proxy"] - out["eval/tau_real"]
         objective.train(was)
-        self.draft.train(was)
+        live.train(was)
+        if full_draft is not None:
+            full_draft.cpu()
         return out
 
     # ------------------------------------------------------------------ loop
@@ -344,9 +453,10 @@ class Distiller:
             final = self.out_dir / "final"
             self._save(self.total_steps)
             self._eval_and_log(self.total_steps, main, jsonl, sink)
+            draft = self._full_draft()   # FSDP: gathered at the save above, no new collective
             if main:
                 dtype = getattr(torch, tc.export_dtype) if tc.export_dtype else self.target.dtype
-                export_final(self.draft, final, self._export_info(), dtype=dtype)
+                export_final(draft, final, self._export_info(), dtype=dtype)
             self.acc.wait_for_everyone()
             return final
         finally:
@@ -355,8 +465,9 @@ class Distiller:
                 sink.finish()
 
     def _eval_and_log(self, step: int, main: bool, jsonl, sink) -> None:
+        full = self._full_draft() if self.fsdp else None    # collective: every process gathers
         if main:
-            row = {"step": step, **self.evaluate(step)}
+            row = {"step": step, **self.evaluate(step, full)}
             if len(row) > 1:
                 jsonl.write(row)
                 sink.log(row, step)
@@ -364,11 +475,36 @@ class Distiller:
 
     def _save(self, step: int) -> None:
         self.acc.wait_for_everyone()
+        draft, optimizer = self.draft, self.optimizer
+        if self.fsdp:   # collectives: every process takes part, the main process gets the full state
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            draft = self._full_draft()
+            named = get_optimizer_state_dict(self.model, self.optimizer,
+                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            optimizer = st.optimizer_state_by_index(named) if self.acc.is_main_process else None
         if self.acc.is_main_process and not st.checkpoint_dir(self.out_dir, step).exists():
-            st.save_checkpoint(self.out_dir, step, self.draft, self.optimizer, self.scheduler,
+            st.save_checkpoint(self.out_dir, step, draft, optimizer, self.scheduler,
                                {"epoch": step // self.steps_per_epoch, "index": step % self.steps_per_epoch},
                                self.tc.keep_checkpoints)
         self.acc.wait_for_everyone()
+
+    def _full_draft(self):
+        """The unsharded draft with the current weights: the live one (1 process, DDP), or under
+        FSDP the main process's CPU copy refreshed from the gathered full state (a collective that
+        every process must call; other processes get None). Gathers once per optimizer step."""
+        if not self.fsdp:
+            return self.draft
+        done = self.scheduler.last_epoch       # optimizer steps taken (restored on resume)
+        if self._mirror_at != done:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if self._mirror is not None:
+                prefix = "draft."
+                self._mirror.load_state_dict({k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)})
+            self._mirror_at = done
+        return self._mirror
 
     def _export_info(self) -> dict:
         return {"format_hash": self.data.format_hash, "steps": self.total_steps,

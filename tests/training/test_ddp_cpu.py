@@ -16,11 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_two_processes_match_one(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "tests.training.distill_helpers",
-           str(tmp_path / "two"), "max_steps=4", "checkpoint_every=2", "eval_max_new_tokens=0"]
+    # `--multi_gpu` (torchrun; gloo on CPU): `--cpu` alone starts ONE process without mpirun.
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "tests.training.multi_helpers",
+           str(tmp_path / "two"), "distributed=ddp", "max_steps=4", "checkpoint_every=2", "eval_max_new_tokens=0"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 of 2: ddp" in proc.stdout and "rank 1 of 2: ddp" in proc.stdout, proc.stdout
     run(tmp_path / "one", max_steps=4, checkpoint_every=2, eval_max_new_tokens=0)
     two = [r for r in read_metrics(tmp_path / "two" / "metrics.jsonl") if "loss" in r]
     one = [r for r in read_metrics(tmp_path / "one" / "metrics.jsonl") if "loss" in r]
