@@ -101,16 +101,20 @@ def target_pass(target, batch: dict[str, torch.Tensor], layer_ids: list[int], *,
 def distributed_mode(hardware, accelerator) -> str:
     """`single`, `ddp` or `fsdp` for this launch.
 
-    `hardware.distributed=auto` follows `accelerate launch` (FSDP when its config says FSDP);
-    `fsdp` shards even under a plain multi-process launch (and on CPU, where accelerate has no
-    FSDP mode); `ddp` refuses an FSDP launch config rather than silently ignoring one of them.
+    `hardware.distributed=auto` follows `accelerate launch` (FSDP when its config says FSDP, which
+    it signals with ACCELERATE_USE_FSDP=true: accelerate itself has no FSDP mode on CPU, the trainer
+    does); `fsdp` shards even under a plain multi-process launch; `ddp` refuses an FSDP launch
+    config rather than silently ignoring one of them.
     """
+    import os
+
     from accelerate.utils import DistributedType
 
     want = getattr(hardware, "distributed", "auto")
     if want not in ("auto", "ddp", "fsdp"):
         raise ValueError(f"hardware.distributed={want!r}: use auto, ddp or fsdp")
-    launched_fsdp = accelerator.distributed_type == DistributedType.FSDP
+    launched_fsdp = (accelerator.distributed_type == DistributedType.FSDP
+                     or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true")
     if want == "ddp" and launched_fsdp:
         raise ValueError("hardware.distributed=ddp, but accelerate was launched with an FSDP config: "
                          "drop one of them (e.g. use configs/accelerate/ddp_2gpu.yaml)")

@@ -27,11 +27,13 @@ KEYS = ("loss", "loss_unary", "loss_selector", "recall_at_k", "tau_proxy", "slot
 
 
 def launch_two(out: Path, *args: str) -> str:
-    """Two CPU processes through `accelerate launch` (gloo); returns their stdout."""
+    """Two CPU processes through `accelerate launch` with the shipped FSDP config (gloo; bf16
+    overridden: fp32 on CPU); returns their stdout."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "-m", "tests.training.multi_helpers", str(out), *args]
+    env.pop("ACCELERATE_USE_FSDP", None)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "configs" / "accelerate" / "fsdp_2gpu.yaml"), "--mixed_precision", "no",
+           "--dynamo_backend", "no", "-m", "tests.training.multi_helpers", str(out), *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout
@@ -71,13 +73,52 @@ def test_optimizer_state_round_trip_by_name_and_index():
         optimizer_state_by_name(indexed, names[:3])
 
 
+@pytest.mark.parametrize("want, launched, world, mode", [
+    ("auto", False, 1, "single"), ("auto", False, 2, "ddp"), ("auto", True, 2, "fsdp"), ("fsdp", False, 2, "fsdp"),
+    ("ddp", False, 2, "ddp"), ("fsdp", False, 1, "single"),
+])
+def test_distributed_mode(monkeypatch, want, launched, world, mode):
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from dflash2.runconfig import HardwareSpec
+    from dflash2.training.trainer import distributed_mode
+
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    if launched:
+        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    acc = SimpleNamespace(distributed_type=DistributedType.MULTI_CPU if world > 1 else DistributedType.NO,
+                          num_processes=world)
+    if want == "fsdp" and world == 1:
+        with pytest.warns(UserWarning, match="nothing to shard"):
+            assert distributed_mode(HardwareSpec(distributed=want), acc) == mode
+    else:
+        assert distributed_mode(HardwareSpec(distributed=want), acc) == mode
+
+
+def test_distributed_mode_refuses_conflicts(monkeypatch):
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from dflash2.runconfig import HardwareSpec
+    from dflash2.training.trainer import distributed_mode
+
+    acc = SimpleNamespace(distributed_type=DistributedType.FSDP, num_processes=2)
+    with pytest.raises(ValueError, match="hardware.distributed=ddp, but accelerate was launched with an FSDP"):
+        distributed_mode(HardwareSpec(distributed="ddp"), acc)
+    with pytest.raises(ValueError, match="hardware.distributed='zero3': use auto, ddp or fsdp"):
+        distributed_mode(HardwareSpec(distributed="zero3"), acc)
+
+
 def test_fsdp_two_processes_match_one_and_checkpoints_move_both_ways(tmp_path):
     one, fsdp, back = tmp_path / "one", tmp_path / "fsdp", tmp_path / "back"
     run(one, **ARGS)                                                  # reference: 1 process, 6 steps
     ref = rows(one)
 
     copy_checkpoint(one, 2, fsdp)                                     # 1 process -> FSDP
-    out = launch_two(fsdp, "resume=true", "distributed=fsdp", "gradient_checkpointing=1",
+    out = launch_two(fsdp, "resume=true", "distributed=auto", "gradient_checkpointing=1",
                      *(f"{k}={v}" for k, v in ARGS.items()))
     assert "rank 0 of 2: fsdp" in out and "rank 1 of 2: fsdp" in out, out
     assert_rows_match(rows(fsdp), ref, range(3, 7))
