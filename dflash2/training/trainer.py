@@ -453,9 +453,9 @@ class Distiller:
                 if tc.eval_every and done % tc.eval_every == 0 and done != self.total_steps:
                     self._eval_and_log(done, main, jsonl, sink)
                 if done % tc.checkpoint_every == 0 and done != self.total_steps:
-                    self._save(done)
+                    self.save_checkpoint(done)
             final = self.out_dir / "final"
-            self._save(self.total_steps)
+            self.save_checkpoint(self.total_steps)
             self._eval_and_log(self.total_steps, main, jsonl, sink)
             draft = self._full_draft()   # FSDP: gathered at the save above, no new collective
             if main:
@@ -477,7 +477,9 @@ class Distiller:
                 sink.log(row, step)
         self.acc.wait_for_everyone()
 
-    def _save(self, step: int) -> None:
+    def save_checkpoint(self, step: int) -> None:
+        """Write `DIR/checkpoints/step_<step>/` (collective: every process calls it; the main process
+        writes the full state, gathered first under FSDP). An existing checkpoint of that step is kept."""
         self.acc.wait_for_everyone()
         draft, optimizer = self.draft, self.optimizer
         if self.fsdp:   # collectives: every process takes part, the main process gets the full state

@@ -18,7 +18,8 @@ def test_two_processes_match_one(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     # `--multi_gpu` (torchrun; gloo on CPU): `--cpu` alone starts ONE process without mpirun.
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "tests.training.multi_helpers",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "-m", "tests.training.multi_helpers",
            str(tmp_path / "two"), "distributed=ddp", "max_steps=4", "checkpoint_every=2", "eval_max_new_tokens=0"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
