@@ -122,6 +122,22 @@ def test_numpy_and_tensor_scalars_are_accepted():
     out = run(max_new_tokens=np.int64(3), seed=torch.tensor(7), temperature=np.float32(0.5), top_k=np.int32(4),
               stop_token_ids=np.array([V - 1]), num_speculative_tokens=np.int64(2))
     assert out.num_speculative_tokens == 2 and len(out.generated[0]) <= 3
+    # A seed is the same seed whatever its integer type, alone or one per row.
+    sampled = [run(((1, 2, 3), (4, 5)), seed=s, temperature=0.9, max_new_tokens=6).generated
+               for s in (7, np.int64(7), torch.tensor(7))]
+    assert all([g.tolist() for g in x] == [g.tolist() for g in sampled[0]] for x in sampled)
+    per_row = [run(((1, 2, 3), (4, 5)), seed=s, temperature=0.9, max_new_tokens=6).generated
+               for s in ([7, 8], (np.int64(7), 8), torch.tensor([7, 8]))]
+    assert all([g.tolist() for g in x] == [g.tolist() for g in per_row[0]] for x in per_row)
+
+
+@pytest.mark.parametrize("seed, pattern", [
+    ([7], r"seed: has 1 entries for 2 prompt rows"),
+    ([7, -1], r"seed\[1\]: -1 is outside"),
+    ([7, 2.5], r"seed\[1\]: 2.5 \(float\) is not an integer"),
+])
+def test_per_row_seeds_checked(seed, pattern):
+    expect(pattern, input_ids=((1, 2), (3, 4)), seed=seed)
 
 
 # ---------------------------------------------------------------- stop ids

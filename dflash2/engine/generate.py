@@ -157,7 +157,7 @@ def speculative_generate(
     for b, r in enumerate(rows):
         tokens[b, : r.numel()] = r.to(device)
     temps = torch.full((bsz,), float(temperature), dtype=torch.float32, device=device)
-    seeds = row_seeds(seed, bsz, device)
+    seeds = row_seeds(checked.seed, bsz, device)
     stops = _stop_tensor(checked.stop_token_ids, device)
     sampled = temperature > 0
 

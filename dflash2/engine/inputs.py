@@ -34,13 +34,15 @@ class GenerateInputError(ValueError):
 @dataclass
 class GenerateInputs:
     """Checked arguments: `rows` are 1-D int64 CPU prompts; `stop_token_ids` is None or a
-    non-empty list of ints; `num_speculative_tokens` is resolved (0 = AR, draft dropped)."""
+    non-empty list of ints; `num_speculative_tokens` is resolved (0 = AR, draft dropped);
+    `seed` is None, an int, or one int per row."""
 
     target: TargetModel
     draft: object | None
     rows: list[torch.Tensor]
     num_speculative_tokens: int
     stop_token_ids: list[int] | None
+    seed: int | list[int] | None
 
 
 def _fail(what: str, problem: str, fix: str) -> None:
@@ -229,11 +231,13 @@ def check_generate_inputs(
     _real_arg("top_p", top_p, lambda p: 0 < p <= 1, "(0, 1]", " (1.0 = off)")
     _int_arg("top_k", top_k, 0, hint=" (0 = off)")
     per_row_seeds = seed is not None and not _is_int(seed) and isinstance(seed, (list, tuple, torch.Tensor))
+    # Seeds leave as plain ints (numpy ints and 0-d tensors included), the types row_seeds takes.
     if per_row_seeds:
-        for b, s in enumerate(seed.tolist() if isinstance(seed, torch.Tensor) else seed):
-            _int_arg(f"seed[{b}]", s, 0, 2**64 - 1, " (one seed per prompt row)")
+        seed = [_int_arg(f"seed[{b}]", s, 0, 2**64 - 1, " (one seed per prompt row)")
+                for b, s in enumerate(seed.tolist() if isinstance(seed, torch.Tensor) else seed)]
     elif seed is not None:
-        _int_arg("seed", seed, 0, 2**64 - 1, ", a list with one int per prompt row, or None (drawn from torch's RNG)")
+        seed = _int_arg("seed", seed, 0, 2**64 - 1, ", a list with one int per prompt row, or None (drawn from "
+                        "torch's RNG)")
     if impl not in IMPLS:
         _fail("impl", f"is {impl!r}", f"use one of {IMPLS}")
     if not isinstance(timing, bool):
@@ -264,4 +268,4 @@ def check_generate_inputs(
     if limit is not None:
         _check_position_limit(rows, max_new, n_spec, int(limit))
     stops = _stop_ids(stop_token_ids, vocab)
-    return GenerateInputs(tgt, draft, rows, n_spec, stops)
+    return GenerateInputs(tgt, draft, rows, n_spec, stops, seed)
