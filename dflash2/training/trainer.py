@@ -420,6 +420,9 @@ class Distiller:
 
         main = self.acc.is_main_process
         tc = self.tc
+        if main and self.world > 1:
+            print(f"[distill] {self.world} processes, {self.mode}: {self.micro} samples x {tc.grad_accum} "
+                  f"micro-batches per process = global batch {tc.batch_size}", flush=True)
         sink = jsonl = None
         if main:
             jsonl = MetricsJsonl(self.out_dir / "metrics.jsonl", self.start_step if self.cfg.resume else None)
