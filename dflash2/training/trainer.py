@@ -26,9 +26,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import warnings
 import resource
 import time
+import warnings
 from pathlib import Path
 
 import torch
