@@ -57,6 +57,8 @@ class TrainSpec:
     eval_prompts: int = 8
     eval_max_new_tokens: int = 64
     export_dtype: str | None = None       # None: the target's dtype
+    cache_target: bool = False            # run the frozen target once per sequence and reuse its outputs
+                                          # (small datasets on CPU: the target pass dominates the step)
     progress: bool = True
 
     def objective(self) -> ObjectiveSpec:

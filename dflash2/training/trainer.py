@@ -37,6 +37,7 @@ from dflash2.training.data import TrainingData, collate
 from dflash2.training.layout import anchor_seed, build_layout, dense_mask, flex_block_mask, sample_anchors
 from dflash2.training.losses import DistillObjective, summarize_stats
 from dflash2.training.metrics import MetricsJsonl, WandbSink, console_postfix
+from dflash2.training.target_cache import TargetPassCache
 from dflash2.training import state as st
 
 
@@ -266,6 +267,10 @@ class Distiller:
             raise ValueError("train.attention=flex needs CUDA (PyTorch has no FlexAttention backward on CPU); "
                              "use train.attention=auto or dense here")
         self.pad_to = self.tc.pad_to or (256 if self.device.type == "cuda" else 1)
+        keep_last = self.tc.loss == "kl"
+        self.target_cache = TargetPassCache(
+            lambda b: target_pass(self.target, b, self.layer_ids, keep_last=keep_last), self.device,
+        ) if self.tc.cache_target else None
         if self.attention == "flex" and self.device.type == "cuda":
             import torch._dynamo as dynamo
 
@@ -297,7 +302,11 @@ class Distiller:
         anchors, valid = torch.stack(anchors).to(self.device), torch.stack(valid).to(self.device)
         lay = build_layout(batch["input_ids"], batch["loss_mask"], batch["position_ids"], batch["doc_ids"],
                            anchors, valid, self.block, self.draft.config.mask_token_id)
-        tgt = target_pass(self.target, batch, self.layer_ids, keep_last=self.tc.loss == "kl")
+        if self.target_cache is not None:
+            # Held-out batches use epoch -1 and index their own list: key by (split, index).
+            tgt = self.target_cache.outputs([(e < 0, i) for e, i in keys], samples, batch["input_ids"].shape[1])
+        else:
+            tgt = target_pass(self.target, batch, self.layer_ids, keep_last=self.tc.loss == "kl")
         if self.acc.mixed_precision == "no":   # fp32 draft without autocast: feed it fp32
             tgt = {k: (v.float() if v.is_floating_point() else v) for k, v in tgt.items()}
         if self.attention == "flex":
