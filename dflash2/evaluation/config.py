@@ -31,6 +31,10 @@ class DataSpec:
 
     datasets: list[str] = field(default_factory=lambda: list(DATASETS))
     limit: int | None = None
+    # Per-dataset caps; when set they replace `limit` for that dataset (e.g. 24 GSM8K, 2 HumanEval).
+    gsm8k_limit: int | None = None
+    humaneval_limit: int | None = None
+    mt_bench_limit: int | None = None
     shuffle: bool = False
     seed: int = 0
     source: str = "auto"
@@ -147,6 +151,11 @@ def validate(cfg: Any) -> None:
         raise ValueError(f"data.datasets has unknown {bad}; choose from {list(DATASETS)}")
     if cfg.data.limit is not None and cfg.data.limit < 1:
         raise ValueError(f"data.limit={cfg.data.limit}: use a positive count or null for all items")
+    for name in ("gsm8k", "humaneval", "mt_bench"):
+        n = getattr(cfg.data, f"{name}_limit")
+        if n is not None and n < 1:
+            raise ValueError(f"data.{name}_limit={n}: use a positive count, or drop {name} from data.datasets to "
+                             "skip it")
     if cfg.data.source not in ("auto", "hub", "local"):
         raise ValueError(f"data.source={cfg.data.source!r}: use auto, hub or local")
     if cfg.max_new_tokens < 1:

@@ -39,6 +39,12 @@ log = logging.getLogger(__name__)
 RECORDS, RUN_JSON, SUMMARY = "records.jsonl", "run.json", "summary.json"
 
 
+def dataset_limit(data, name: str) -> int | None:
+    """Items of dataset `name` to evaluate: its own `<name>_limit` when set, else `limit`."""
+    own = getattr(data, f"{name}_limit", None)
+    return own if own is not None else data.limit
+
+
 def sample_seed(base: int, sample_id: str) -> int:
     """Per-sample seed in [0, 2^63): a hash of the base seed and the sample id only."""
     digest = hashlib.sha256(f"{int(base)}:{sample_id}".encode()).digest()
@@ -163,7 +169,8 @@ class EvalRunner:
         d = self.cfg.data
         first, second = [], []
         for name in d.datasets:
-            for item in ds.load_items(name, source=d.source, limit=d.limit, shuffle=d.shuffle, seed=d.seed):
+            for item in ds.load_items(name, source=d.source, limit=dataset_limit(d, name), shuffle=d.shuffle,
+                                      seed=d.seed):
                 first.append((item, 1))
                 if len(item.turns) > 1:
                     second.append((item, 2))

@@ -49,6 +49,7 @@ def test_typo_fails_with_its_name(override):
 
 @pytest.mark.parametrize("override, match", [
     ("batch_size=0", "batch_size"), ("data.datasets=[mmlu]", "mmlu"),
+    ("data.gsm8k_limit=0", "gsm8k_limit"),
     ("arms.num_speculative_tokens=[0]", "arms.ar"), ("arms.oracle_accept_prob=1.5", "oracle_accept_prob"),
 ])
 def test_inconsistent_settings_fail_with_the_fix(override, match):
@@ -64,3 +65,15 @@ def test_run_identity_ignores_output_and_logger_but_not_format():
     c, _ = run_identity(_compose(["experiment=tiny_cpu", "max_new_tokens=5"]), fmt)
     d, _ = run_identity(_compose(["experiment=tiny_cpu", "output_dir=/a"]), {**fmt, "enable_thinking": True})
     assert a == b and len({a, c, d}) == 3
+
+
+def test_per_dataset_limits_override_the_common_limit():
+    from dflash2.evaluation import datasets as ds
+    from dflash2.evaluation.runner import dataset_limit
+
+    cfg = _compose(["experiment=tiny_cpu", "data.gsm8k_limit=5", "data.mt_bench_limit=1"])
+    validate(cfg)
+    d = cfg.data
+    counts = {name: len(ds.load_items(name, source=d.source, limit=dataset_limit(d, name)))
+              for name in d.datasets}
+    assert counts == {"gsm8k": 5, "humaneval": 3, "mt_bench": 1}
