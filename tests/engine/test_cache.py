@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dflash2.engine import ATTN_IMPLEMENTATION, StaticTargetCache, row_attention, static_attention
+from dflash2.target import cache_keyword
 from tests.engine.helpers import DTYPE, llama_target, qwen3_target
 
 
@@ -77,7 +78,7 @@ def test_rows_write_at_own_offsets_and_roll_back(factory):
     with torch.no_grad(), static_attention(model):
         pos = torch.arange(p_max)[None].expand(bsz, -1)
         cache.prepare(pos)
-        out = model(input_ids=ids, position_ids=pos, past_key_values=cache).logits
+        out = model(input_ids=ids, position_ids=pos, **{cache_keyword(model): cache}).logits
         for b, s in enumerate(seqs):
             check(out[b : b + 1, : len(s)], [s])
         cache.set_lengths(lens)
@@ -85,7 +86,7 @@ def test_rows_write_at_own_offsets_and_roll_back(factory):
         block = torch.randint(0, vocab, (bsz, 4), generator=g)
         pos = lens[:, None] + torch.arange(4)
         cache.prepare(pos, kv_len=int(pos.max()) + 1)
-        out = model(input_ids=block, position_ids=pos, past_key_values=cache).logits
+        out = model(input_ids=block, position_ids=pos, **{cache_keyword(model): cache}).logits
         check(out, [torch.cat([s, block[b]]) for b, s in enumerate(seqs)])
         # keep 0, 2 and 3 tokens of the block per row (rollback = new lengths), then a new block
         keep = torch.tensor([0, 2, 3])
@@ -94,7 +95,7 @@ def test_rows_write_at_own_offsets_and_roll_back(factory):
         block2 = torch.randint(0, vocab, (bsz, 3), generator=g)
         pos = (lens + keep)[:, None] + torch.arange(3)
         cache.prepare(pos)
-        out = model(input_ids=block2, position_ids=pos, past_key_values=cache).logits
+        out = model(input_ids=block2, position_ids=pos, **{cache_keyword(model): cache}).logits
         check(out, [torch.cat([s, block[b, : keep[b]], block2[b]]) for b, s in enumerate(seqs)])
 
 
@@ -112,4 +113,4 @@ def test_prepare_is_required():
     model = qwen3_target(vocab=16)
     cache = StaticTargetCache(model.config, 1, 8, DTYPE, "cpu")
     with torch.no_grad(), static_attention(model), pytest.raises(RuntimeError, match="prepare"):
-        model(input_ids=torch.zeros(1, 2, dtype=torch.long), position_ids=torch.arange(2)[None], past_key_values=cache)
+        model(input_ids=torch.zeros(1, 2, dtype=torch.long), position_ids=torch.arange(2)[None], **{cache_keyword(model): cache})
