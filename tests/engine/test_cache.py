@@ -113,4 +113,5 @@ def test_prepare_is_required():
     model = qwen3_target(vocab=16)
     cache = StaticTargetCache(model.config, 1, 8, DTYPE, "cpu")
     with torch.no_grad(), static_attention(model), pytest.raises(RuntimeError, match="prepare"):
-        model(input_ids=torch.zeros(1, 2, dtype=torch.long), position_ids=torch.arange(2)[None], **{cache_keyword(model): cache})
+        model(input_ids=torch.zeros(1, 2, dtype=torch.long), position_ids=torch.arange(2)[None],
+              **{cache_keyword(model): cache})
