@@ -171,18 +171,28 @@ def random_target_config(spec: TargetSpec):
     raise ValueError(f"target.architecture={spec.architecture!r}: use qwen3 or llama")
 
 
+def gguf_path(spec: TargetSpec) -> Path:
+    """The GGUF file of a `source=gguf` target: `spec.path`, else the packaged SmolLM2-135M."""
+    from dflash2.assets import smollm2_gguf
+
+    if spec.path:
+        return Path(spec.path)
+    directory, name = smollm2_gguf()
+    return directory / name
+
+
 def load_tokenizer(spec: TargetSpec):
     """The tokenizer named by `spec.tokenizer` (see `TargetSpec`)."""
     from transformers import AutoTokenizer
 
-    from dflash2.assets import qwen3_tokenizer_dir, smollm2_gguf
+    from dflash2.assets import qwen3_tokenizer_dir
 
     if spec.tokenizer == "qwen3-offline":
         return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
     if spec.tokenizer is not None:
         return AutoTokenizer.from_pretrained(spec.tokenizer)
     if spec.source == "gguf":
-        path = Path(spec.path) if spec.path else Path(os.path.join(*map(str, smollm2_gguf())))
+        path = gguf_path(spec)
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     if spec.source == "hub":
         return AutoTokenizer.from_pretrained(spec.path)
@@ -191,7 +201,6 @@ def load_tokenizer(spec: TargetSpec):
 
 def load_target(spec: TargetSpec, device: torch.device | str = "cpu"):
     """Returns `(TargetModel, tokenizer)` for `spec`, frozen and in eval mode."""
-    from dflash2.assets import smollm2_gguf
     from dflash2.target import TargetModel
 
     dtype = _dtype(spec.dtype)
@@ -202,7 +211,7 @@ def load_target(spec: TargetSpec, device: torch.device | str = "cpu"):
         model = AutoModelForCausalLM.from_config(random_target_config(spec), dtype=dtype)
         target = TargetModel(model.to(device).eval())
     elif spec.source == "gguf":
-        path = Path(spec.path) if spec.path else Path(os.path.join(*map(str, smollm2_gguf())))
+        path = gguf_path(spec)
         target = TargetModel.from_pretrained(path, dtype=dtype, device=device)
     elif spec.source == "hub":
         if not spec.path:
