@@ -37,10 +37,10 @@ def _run(cmd: list[str]) -> None:
 
 
 def _ci(block: dict, key: str) -> str:
-    value, ci = block.get(key), block.get(f"{key}_ci")
-    if value is None:
-        return "n/a"
-    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci and None not in ci else f"{value:.3f}"
+    """`value [low, high]` of `key` in a summary block, with the report's formatting."""
+    from dflash2.evaluation.report import _ci as value_with_ci
+
+    return value_with_ci(block.get(key), block.get(f"{key}_ci"), digits=3)
 
 
 def headline(summary: dict, arm: str = "dflash2@N=7") -> tuple[list[str], bool]:
