@@ -6,9 +6,16 @@ HumanEval and MT-Bench; records, statistics, a local report and W&B.
     python eval/run.py experiment=qwen3_8b output_dir=DIR draft_path=CKPT 'arms.num_speculative_tokens=[1,3,7,15]'
     python eval/run.py ... output_dir=DIR resume=true                     # continue a killed run
     python eval/run.py -m ... temperature=0,1 output_dir=DIR              # grid: one subdir per point
+    accelerate launch --num_processes 2 eval/run.py ... output_dir=DIR    # sharded: one process per GPU
 
 Writes DIR/run.json, DIR/records.jsonl (one line per arm and sample), DIR/summary.json,
 DIR/report.html and DIR/report.md.
+
+Sharded (`accelerate launch --num_processes K`, K GPUs; on CPU `--multi_gpu` starts K gloo
+processes): item i goes to process i % K (both MT-Bench turns on one process), each process
+runs its own warmup and timed arms and appends to DIR/shards/records.rank<r>.jsonl; process 0
+merges them into the one DIR/records.jsonl and writes the one summary and report
+(`dflash2/evaluation/sharding.py`, docs/MULTI_GPU.md "Sharded evaluation"). Resume with any K.
 """
 
 import logging
@@ -28,15 +35,13 @@ log = logging.getLogger("eval")
 
 @hydra.main(config_path="../configs/eval", config_name="eval", version_base=None)
 def main(cfg) -> None:
-    from dflash2.evaluation.runner import EvalRunner, finish
-    from dflash2.runconfig import prepare_output_dir
+    from dflash2.evaluation.sharding import run_eval
 
     hc = HydraConfig.get()
     # Run mode: hydra.run.dir = output_dir. Multirun: each grid point gets its own subdir.
-    out = prepare_output_dir(hc.runtime.output_dir, bool(cfg.resume), job_name=hc.job.name)
-    runner = EvalRunner(cfg, out)
-    records = runner.run()
-    finish(cfg, out, records, runner)
+    out = run_eval(cfg, hc.runtime.output_dir, job_name=hc.job.name)
+    if out is None:  # a sharded run's other processes: rank 0 merges and reports
+        return
     print(f"records: {out / 'records.jsonl'}\nsummary: {out / 'summary.json'}\nreport:  {out / 'report.html'}")
 
 

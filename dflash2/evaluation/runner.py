@@ -9,7 +9,8 @@ and reports are computed afterwards from the records alone (`stats.summarize`,
 `report.write_report`). Each sample's seed is a hash of (seed, sample_id), so batching,
 ordering and resuming never change a sample's draws. With `resume=true`, finished
 (arm, sample) pairs are skipped; a run directory whose `run.json` holds another run identity
-is refused.
+is refused. With several processes (`accelerate launch`, see `sharding.py`) each runs its
+share of the items and appends to its own shard file; rank 0 merges them.
 
 Per distinct output, one extra target forward gives the mean log-probability of the tokens;
 for outputs that depart from the AR arm's, the AR sequence's forward gives the target's
@@ -33,6 +34,7 @@ from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm
 from dflash2.evaluation.config import run_identity, to_container, validate
 from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval
 from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion, load_judge
+from dflash2.evaluation.sharding import SHARDS_DIR, Shard, existing_records, shard_file, shard_of
 
 log = logging.getLogger(__name__)
 
@@ -111,15 +113,18 @@ class EvalRunner:
     Args:
         cfg: an `EvalConfig` (OmegaConf node or dataclass).
         out_dir: the prepared output directory.
+        shard: this process's `sharding.Shard` (rank, world size, device); None = one process
+            on `cfg.hardware`'s device.
     """
 
-    def __init__(self, cfg, out_dir: str | Path):
+    def __init__(self, cfg, out_dir: str | Path, shard=None):
         from dflash2.kernels.dispatch import resolve_impl
         from dflash2.runconfig import load_target, prompt_format, resolve_device, stop_token_ids
 
         validate(cfg)
         self.cfg, self.out = cfg, Path(out_dir)
-        self.device = resolve_device(cfg.hardware)
+        self.shard = shard if shard is not None else Shard()
+        self.device = self.shard.device if self.shard.device is not None else resolve_device(cfg.hardware)
         self.target, self.tok = load_target(cfg.target, self.device)
         self.stops = stop_token_ids(self.tok)
         self.fmt = prompt_format(self.tok, enable_thinking=cfg.data.enable_thinking,
@@ -164,17 +169,30 @@ class EvalRunner:
         self.target.check_compatible(draft.config)
         return draft.eval().requires_grad_(False)
 
-    def _samples(self) -> tuple[list[tuple[ds.EvalItem, int]], list[tuple[ds.EvalItem, int]]]:
-        """(first-turn samples, MT-Bench second-turn samples), each as (item, turn)."""
+    def _samples(self, all_ranks: bool = False) -> tuple[list[tuple[ds.EvalItem, int]],
+                                                        list[tuple[ds.EvalItem, int]]]:
+        """(first-turn samples, MT-Bench second-turn samples), each as (item, turn): this
+        process's shard (item i of the item order goes to rank i % world; both turns of an item
+        stay together), or every sample with `all_ranks`."""
         d = self.cfg.data
         first, second = [], []
+        i = 0
         for name in d.datasets:
             for item in ds.load_items(name, source=d.source, limit=dataset_limit(d, name), shuffle=d.shuffle,
                                       seed=d.seed):
+                mine = all_ranks or shard_of(i, self.shard.world) == self.shard.rank
+                i += 1
+                if not mine:
+                    continue
                 first.append((item, 1))
                 if len(item.turns) > 1:
                     second.append((item, 2))
         return first, second
+
+    def sample_order(self) -> list[str]:
+        """Every sample id of the run (all ranks) in the runner's order: turn 1, then turn 2."""
+        first, second = self._samples(all_ranks=True)
+        return [it.sample_id(t) for it, t in first + second]
 
     def _prompt(self, item: ds.EvalItem, turn: int, ar_by_id: dict[str, dict]) -> list[int]:
         from dflash2.runconfig import encode_chat
@@ -226,24 +244,49 @@ class EvalRunner:
                     f"output_dir={self.out} holds run {old.get('run_id')}, this config is run {self.run_id} "
                     f"(changed: {', '.join(changed) or '?'}); refusing to append. Use a new output_dir, or "
                     f"restore the original settings to resume.")
-        elif (self.out / RECORDS).exists() and resume:
+        elif resume and ((self.out / RECORDS).exists() or (self.out / SHARDS_DIR).is_dir()):
             raise RuntimeError(f"output_dir={self.out} has records but no {RUN_JSON}; cannot verify the run "
                                "identity, refusing to append. Use a new output_dir.")
         path.write_text(json.dumps({"run_id": self.run_id, "experiment": self.cfg.experiment_name,
                                     "prompt_format": self.fmt.to_dict(), "identity": self.identity},
                                    indent=2, sort_keys=True, default=str))
 
+    def _existing(self) -> list[dict]:
+        """Records already written (resume), after the run identity is checked. One process:
+        `records.jsonl` (plus shard files of an earlier sharded run), torn lines cut. Several:
+        rank 0 checks the identity and cuts torn lines before any rank reads, and no rank
+        appends before every rank has read (a half-written line must never be read as torn)."""
+        sh = self.shard
+        if sh.main:
+            self._check_identity(bool(self.cfg.resume))
+        if sh.world == 1:
+            return existing_records(self.out, repair=True)
+        if sh.main:
+            existing_records(self.out, repair=True)
+        sh.wait()
+        records = existing_records(self.out, repair=False)
+        sh.wait()
+        return records
+
     def run(self) -> list[dict]:
-        """Generate every missing (arm, sample) record. Returns all records of the run."""
-        self._check_identity(bool(self.cfg.resume))
+        """Generate every missing (arm, sample) record of this process's shard. Returns the
+        records read from disk plus those generated."""
+        sh = self.shard
+        records = self._existing()
         rec_path = self.out / RECORDS
-        records = read_records(rec_path)
+        where = {}
+        if sh.world > 1:  # each rank appends to its own file; rank 0 merges them at the end
+            rec_path = shard_file(self.out, sh.rank)
+            rec_path.parent.mkdir(exist_ok=True)
+            where = {"rank": sh.rank, "world_size": sh.world}
         done = {(r["arm"], r["sample_id"]) for r in records}
         ar_by_id = {r["sample_id"]: r for r in records if r["arm"] == "ar"}
         first, second = self._samples()
-        total = (len(first) + len(second)) * len(self.arms)
+        mine = {(a.label, it.sample_id(t)) for it, t in first + second for a in self.arms}
+        total = len(mine)
         self._warmup()
-        bar = tqdm(total=total, initial=min(len(done), total), desc="samples x arms", unit="gen")
+        desc = "samples x arms" if sh.world == 1 else f"samples x arms (rank {sh.rank} of {sh.world})"
+        bar = tqdm(total=total, initial=len(done & mine), desc=desc, unit="gen", disable=not sh.main)
         with open(rec_path, "a") as fh:
             for phase in (first, second):
                 bs = int(self.cfg.batch_size)
@@ -256,6 +299,7 @@ class EvalRunner:
                         if not todo:
                             continue
                         for rec in self._run_arm(arm, todo, ar_by_id):
+                            rec.update(where)
                             fh.write(json.dumps(rec) + "\n")
                             fh.flush()
                             records.append(rec)
