@@ -10,9 +10,14 @@ Writes `DIR/regenerated.jsonl` (see `dflash2.training.regenerate`); pass it to t
 `data.regenerated=DIR/regenerated.jsonl`.
 """
 
-import hydra
+import sys
+from pathlib import Path
 
-from dflash2.training.regenerate import register_regenerate_schema, run_regenerate
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a fresh clone without install
+
+import hydra  # noqa: E402
+
+from dflash2.training.regenerate import register_regenerate_schema, run_regenerate  # noqa: E402
 
 register_regenerate_schema()
 

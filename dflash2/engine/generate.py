@@ -19,6 +19,22 @@ truncates the row right after it. Finished rows keep riding along in the batch (
 shapes) but commit nothing. The loop syncs with the host once per step (accepted counts and
 finished flags); the step body itself has no host syncs besides the draft cache's capacity
 check, so it can be graph-captured later with a fixed `kv_len`.
+
+Exact mode (`exact=True`): in bf16 on a GPU a 16-token verify runs other GEMM and attention
+shapes than a 1-token decode, so top-2 near-ties (0-1 bf16 ulp apart) can flip and greedy
+speculative output can leave the AR path without any bug. Exact mode makes every target forward
+identical in shape whatever N and whoever shares the batch:
+- the prompt is prefilled row by row (a batch of one at the row's own length, K/V then copied
+  into the row's slots), so prefill shapes never depend on the other rows;
+- every later forward, AR and verify alike, runs over a block padded to `exact_block_size`
+  slots ([anchor, d_1..d_N, pad...]; the pad slots write K/V past the committed length, which
+  the next block overwrites before anything reads it, and their logits are dropped);
+- attention always sees the whole static K/V buffer (the masked tail is the same for every step).
+A token's hidden states then come from the same kernels whether it sat at slot 0 of an AR block
+or slot j of a verify block, provided the kernels compute each row independently of the others
+(cuBLAS GEMMs over M, SDPA with a boolean mask over a masked tail: both measured so on the
+H200; the GPU test `tests/gpu/test_exact_mode.py` checks the end result). It costs a padded
+forward per AR step and B small prefills; off by default.
 """
 
 from __future__ import annotations
@@ -87,6 +103,32 @@ def _check_valid(bad: list[bool], what: str, step: int) -> None:
         )
 
 
+def _prefill_rows(tgt: TargetModel, rows: list[torch.Tensor], cache: StaticTargetCache, layer_ids: list[int],
+                  p_max: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Exact-mode prefill: each prompt as a batch of one at its own length (shapes that do not
+    depend on the other rows), its K/V copied into row b's slots of `cache`.
+
+    Returns:
+        `(first_logits [B, 1, V], features [B, p_max, n*H] or None)`, features zero past a row's end.
+    """
+    device = cache.lengths.device
+    logits, feats = [], []
+    for b, r in enumerate(rows):
+        n = r.numel()
+        one = StaticTargetCache(tgt.config, 1, n, tgt.dtype, device)
+        pos = torch.arange(n, device=device)[None]
+        one.prepare(pos, kv_len=n)
+        out = tgt(r.to(device)[None], position_ids=pos, past_key_values=one, layer_ids=layer_ids, logits_to_keep=1)
+        for dst, src in zip(cache.layers, one.layers):
+            dst.keys[b, :, :n] = src.keys[0, :, :n]
+            dst.values[b, :, :n] = src.values[0, :, :n]
+        logits.append(out.logits[:, -1:])
+        if out.features is not None:
+            feats.append(torch.nn.functional.pad(out.features, (0, 0, 0, p_max - n)))
+        del one
+    return torch.cat(logits), (torch.cat(feats) if feats else None)
+
+
 @torch.no_grad()
 def speculative_generate(
     target,
@@ -102,6 +144,8 @@ def speculative_generate(
     stop_token_ids: int | Sequence[int] | None = None,
     impl: str = "auto",
     timing: bool = False,
+    exact: bool = False,
+    exact_block_size: int | None = None,
 ) -> SpeculativeOutput:
     """Generate with DFlash2 speculative decoding (or the AR baseline), losslessly.
 
@@ -120,6 +164,11 @@ def speculative_generate(
         stop_token_ids: tokens that end a row (the stop token is kept in the output).
         impl: kernel implementation, `"auto" | "torch" | "triton"`, resolved once here.
         timing: synchronize the device before each phase reading (accurate, slower).
+        exact: exact mode (module docstring): greedy speculative output equals AR output bit
+            for bit in any dtype, and each row equals the same prompt run alone. Compare an exact
+            run with an exact AR run of the same `exact_block_size`.
+        exact_block_size: padded width of every target forward in exact mode (default: the
+            draft's `block_size`, 16 without a draft); must exceed N.
     Returns:
         `SpeculativeOutput`.
     """
@@ -128,7 +177,7 @@ def speculative_generate(
     checked = check_generate_inputs(
         target, draft, input_ids, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids, impl=impl,
-        timing=timing)
+        timing=timing, exact=exact, exact_block_size=exact_block_size)
     tgt: TargetModel = checked.target
     rows, n_spec, draft = checked.rows, checked.num_speculative_tokens, checked.draft
     proposer_like = draft is not None and hasattr(draft, "propose")
@@ -150,8 +199,10 @@ def speculative_generate(
             torch.cuda.synchronize(device)
         return time.perf_counter()
 
-    # Slots: prompt + max_new_tokens; the last block written reaches start + N <= P + max_new - 2 + N.
-    max_len = p_max + max_new_tokens + n_spec + 1
+    # Width of every target forward after prefill: N + 1, or the padded exact-mode block.
+    width = checked.exact_block_size if exact else n_spec + 1
+    # Slots: prompt + max_new_tokens; the last block written reaches start + W - 1 <= P + max_new - 3 + W.
+    max_len = p_max + max_new_tokens + width
     trash = max_len  # a column of `tokens` that absorbs masked writes
     tokens = torch.zeros(bsz, max_len + 1, dtype=torch.long, device=device)
     for b, r in enumerate(rows):
@@ -176,6 +227,8 @@ def speculative_generate(
     times = StepTimes(synchronized=sync)
     accepted: list[list[int]] = [[] for _ in range(bsz)]
     arange_blk = torch.arange(n_spec + 1, device=device)
+    arange_w = torch.arange(width, device=device)
+    pad = torch.zeros(bsz, width - n_spec - 1, dtype=torch.long, device=device)  # exact-mode pad slots
     empty_d = torch.zeros(bsz, 0, dtype=torch.long, device=device)
     empty_q = torch.zeros(bsz, 0, 1, dtype=torch.float32, device=device)
 
@@ -186,11 +239,15 @@ def speculative_generate(
         for b, r in enumerate(rows):
             ids[b, : r.numel()] = r.to(device)
         pos = torch.arange(p_max, device=device)[None].expand(bsz, p_max)
-        last = plens - 1
-        keep, where_kept = torch.unique(last, return_inverse=True)
-        cache.prepare(pos, kv_len=p_max)
-        out = tgt(ids, position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=keep)
-        first_logits = out.logits[torch.arange(bsz, device=device), where_kept][:, None]  # [B, 1, V]
+        if exact:
+            first_logits, prefill_features = _prefill_rows(tgt, rows, cache, layer_ids, p_max)
+        else:
+            last = plens - 1
+            keep, where_kept = torch.unique(last, return_inverse=True)
+            cache.prepare(pos, kv_len=p_max)
+            out = tgt(ids, position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=keep)
+            first_logits = out.logits[torch.arange(bsz, device=device), where_kept][:, None]  # [B, 1, V]
+            prefill_features = out.features
         _check_valid(invalid_rows(first_logits).tolist(), "target logits", 0)
         _, first = verify_block(target_probs_input(first_logits), empty_d, empty_d[..., None], empty_q,
                                 temps, seeds, plens, impl=impl)
@@ -201,7 +258,7 @@ def speculative_generate(
             done |= torch.isin(first, stops)
         hit_stop = torch.isin(first, stops) if stops is not None else torch.zeros_like(done)
         cache.set_lengths(plens)
-        ctx, ctx_pos, ctx_counts = out.features, pos, plens.clone()
+        ctx, ctx_pos, ctx_counts = prefill_features, pos, plens.clone()
         times.prefill = clock() - t_start
         gen_host = [1] * bsz
         done_host = done.tolist()
@@ -224,16 +281,19 @@ def speculative_generate(
                 t0 = clock()
             else:
                 prop, d, cand, q = None, empty_d, empty_d[..., None], empty_q
-            # ---- verify: one target forward over [anchor, d_1..d_N] at each row's own offset
-            block = torch.cat([anchor[:, None], d], dim=1)  # [B, 1+N]
-            pos = start[:, None] + arange_blk
-            kv_len = max(p + g - 1 for p, g in zip(plen_host, gen_host)) + n_spec + 1
-            cache.prepare(pos, kv_len=kv_len)
-            out = tgt(block, position_ids=pos, past_key_values=cache, layer_ids=layer_ids)
-            bad = invalid_rows(out.logits)
+            # ---- verify: one target forward over [anchor, d_1..d_N] (+ exact-mode padding) at each
+            # row's own offset; only the first 1+N slots' logits and features are used.
+            block = torch.cat([anchor[:, None], d, pad], dim=1)  # [B, W]
+            pos_w = start[:, None] + arange_w
+            kv_len = max_len if exact else max(p + g - 1 for p, g in zip(plen_host, gen_host)) + n_spec + 1
+            cache.prepare(pos_w, kv_len=kv_len)
+            out = tgt(block, position_ids=pos_w, past_key_values=cache, layer_ids=layer_ids)
+            logits = out.logits[:, : n_spec + 1]  # [B, 1+N, V]
+            pos = pos_w[:, : n_spec + 1]
+            bad = invalid_rows(logits)
             if prop is not None and prop.invalid is not None:
                 bad |= prop.invalid
-            acc, nxt = verify_block(target_probs_input(out.logits), d, cand, q, temps, seeds, start + 1, impl=impl)
+            acc, nxt = verify_block(target_probs_input(logits), d, cand, q, temps, seeds, start + 1, impl=impl)
             # ---- commit d_1..d_acc then nxt, truncated by the budget and the first stop token
             acc = torch.where(active, acc, 0)
             new = torch.cat([d, torch.zeros_like(nxt)[:, None]], dim=1).scatter(1, acc[:, None], nxt[:, None])
@@ -252,7 +312,8 @@ def speculative_generate(
             gen = gen + n_new
             done = done | (active & (stop_hit | (gen >= max_new_tokens)))
             cache.set_lengths(torch.where(active, start + acc + 1, start))  # rollback = new lengths
-            ctx, ctx_pos, ctx_counts = out.features, pos, acc + 1
+            feats = out.features
+            ctx, ctx_pos, ctx_counts = (feats[:, : n_spec + 1] if feats is not None else None), pos, acc + 1
             acc_host, n_host, done_new, bad_host, act_host = torch.stack(
                 [acc, n_new, done.long(), (bad & active).long(), active.long()]).tolist()
             _check_valid(bad_host, "target or draft logits", step)

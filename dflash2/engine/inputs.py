@@ -35,7 +35,8 @@ class GenerateInputError(ValueError):
 class GenerateInputs:
     """Checked arguments: `rows` are 1-D int64 CPU prompts; `stop_token_ids` is None or a
     non-empty list of ints; `num_speculative_tokens` is resolved (0 = AR, draft dropped);
-    `seed` is None, an int, or one int per row."""
+    `seed` is None, an int, or one int per row; `exact_block_size` is the exact-mode padded
+    width (resolved even when exact mode is off)."""
 
     target: TargetModel
     draft: object | None
@@ -43,6 +44,7 @@ class GenerateInputs:
     num_speculative_tokens: int
     stop_token_ids: list[int] | None
     seed: int | list[int] | None
+    exact_block_size: int = 16
 
 
 def _fail(what: str, problem: str, fix: str) -> None:
@@ -212,6 +214,8 @@ def check_generate_inputs(
     stop_token_ids,
     impl,
     timing,
+    exact=False,
+    exact_block_size=None,
 ) -> GenerateInputs:
     """Check every argument of `speculative_generate` (same names) on the host.
 
@@ -242,6 +246,14 @@ def check_generate_inputs(
         _fail("impl", f"is {impl!r}", f"use one of {IMPLS}")
     if not isinstance(timing, bool):
         _fail("timing", f"is {timing!r}", "pass True or False")
+    if not isinstance(exact, bool):
+        _fail("exact", f"is {exact!r}", "pass True or False")
+    # Exact mode pads every forward to one width; the AR reference (no draft) must use the width
+    # of the speculative runs it is compared with, hence the draft's block_size by default.
+    if exact_block_size is None:
+        exact_block_size = int(getattr(draft, "block_size", 16)) if draft is not None else 16
+    exact_block_size = _int_arg("exact_block_size", exact_block_size, 1, hint=" (the padded width of every "
+                                "exact-mode target forward; use the speculative runs' block_size)")
 
     if draft is None or (num_speculative_tokens is not None and _is_int(num_speculative_tokens)
                          and operator.index(num_speculative_tokens) == 0):
@@ -264,8 +276,11 @@ def check_generate_inputs(
     for b, r in enumerate(rows):
         _check_ids(f"input_ids row {b}", r, vocab, "tokenize with the target's own tokenizer, and pass rows of "
                    "different lengths as a list of 1-D prompts instead of padding them")
+    if exact and n_spec + 1 > exact_block_size:
+        _fail("exact_block_size", f"is {exact_block_size} but the verify block holds N + 1 = {n_spec + 1} tokens",
+              f"use exact_block_size >= {n_spec + 1} (the draft's block_size)")
     limit = getattr(tgt.config, "max_position_embeddings", None)
     if limit is not None:
-        _check_position_limit(rows, max_new, n_spec, int(limit))
+        _check_position_limit(rows, max_new, exact_block_size - 1 if exact else n_spec, int(limit))
     stops = _stop_ids(stop_token_ids, vocab)
-    return GenerateInputs(tgt, draft, rows, n_spec, stops, seed)
+    return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, exact_block_size)

@@ -1,0 +1,104 @@
+"""Exact mode on the CPU: the bookkeeping (padded blocks, row-wise prefill, full K/V view) and
+the equalities it promises, on tiny random targets.
+
+The bf16-on-GPU proof (Qwen3-8B shape, peaked head, batch 8, a failing control with
+exact=False) is `tests/gpu/test_exact_mode.py`; here the kernels are CPU ones, so these tests
+check that exact mode computes the same tokens as the normal path (fp64), that its speculative
+output equals its AR output and each batch row equals the row run alone, and that every target
+forward after prefill really has the padded width and every prefill a batch of one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2.engine import speculative_generate
+from dflash2.engine.inputs import GenerateInputError
+from dflash2.evaluation.oracle import OracleProposer
+from tests.engine.helpers import prompts, qwen3_target, random_draft
+
+BLOCK = 10
+MAX_NEW = 14
+
+
+def _shapes(model):
+    """Record (batch, width) of every forward of the HF model."""
+    seen = []
+    handle = model.register_forward_pre_hook(lambda _m, args, kw: seen.append(tuple(kw["input_ids"].shape)),
+                                             with_kwargs=True)
+    return seen, handle
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = qwen3_target(head_scale=4.0)
+    rows = [prompts()[i] for i in (0, 2, 6, 15)]  # lengths differ: padding/prefill paths differ per row
+    ar = speculative_generate(target, None, rows, max_new_tokens=MAX_NEW, exact=True, exact_block_size=BLOCK)
+    return target, rows, ar
+
+
+def _oracle(rows, ar, accept_prob=0.9):
+    return OracleProposer([s.tolist() for s in ar.sequences], seeds=list(range(len(rows))), block_size=BLOCK,
+                          accept_prob=accept_prob, vocab_size=qwen3_target().config.vocab_size)
+
+
+def test_exact_mode_matches_the_normal_path_in_fp64(setup):
+    target, rows, ar = setup
+    plain = speculative_generate(target, None, rows, max_new_tokens=MAX_NEW)
+    for a, b in zip(ar.sequences, plain.sequences):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("n_spec", [1, 3, 9])
+def test_exact_speculative_equals_exact_ar_and_rows_equal_alone(setup, n_spec):
+    target, rows, ar = setup
+    oracle = _oracle(rows, ar)
+    spec = speculative_generate(target, oracle, rows, max_new_tokens=MAX_NEW, num_speculative_tokens=n_spec,
+                                exact=True)
+    mean_acc = sum(map(sum, spec.accepted)) / sum(map(len, spec.accepted))
+    assert mean_acc >= (0.5 if n_spec == 1 else 1.0), mean_acc  # the oracle really accepts (not a trivial equality)
+    for a, b in zip(spec.sequences, ar.sequences):
+        assert torch.equal(a, b)
+    # Each row alone (batch of one, its own seed/oracle row) gives the batch row's tokens.
+    for b, r in enumerate(rows):
+        alone_oracle = OracleProposer([ar.sequences[b].tolist()], seeds=[b], block_size=BLOCK, accept_prob=0.9,
+                                      vocab_size=target.config.vocab_size)
+        alone = speculative_generate(target, alone_oracle, [r], max_new_tokens=MAX_NEW,
+                                     num_speculative_tokens=n_spec, exact=True)
+        assert torch.equal(alone.sequences[0], spec.sequences[b])
+        assert alone.accepted[0] == spec.accepted[b]
+
+
+def test_every_forward_after_prefill_has_the_padded_width():
+    target = qwen3_target()
+    rows = [prompts()[i] for i in (1, 4, 7)]
+    draft = random_draft(block_size=BLOCK)
+    seen, handle = _shapes(target)
+    try:
+        out = speculative_generate(target, draft, rows, max_new_tokens=6, num_speculative_tokens=3, exact=True)
+    finally:
+        handle.remove()
+    prefill, steps = seen[: len(rows)], seen[len(rows):]
+    assert prefill == [(1, r.numel()) for r in rows]  # row by row, own length
+    assert steps and all(s == (len(rows), BLOCK) for s in steps)  # the draft's block_size
+    assert len(steps) == max(map(len, out.accepted))
+
+
+def test_sampled_exact_rows_equal_alone(setup):
+    target, rows, ar = setup
+    seeds = [11, 12, 13, 14]
+    kw = dict(max_new_tokens=MAX_NEW, num_speculative_tokens=5, temperature=0.9, exact=True)
+    batch = speculative_generate(target, random_draft(block_size=BLOCK), rows, seed=seeds, **kw)
+    for b, r in enumerate(rows):
+        alone = speculative_generate(target, random_draft(block_size=BLOCK), [r], seed=[seeds[b]], **kw)
+        assert torch.equal(alone.sequences[0], batch.sequences[b])
+
+
+def test_exact_block_size_must_hold_the_verify_block():
+    target = qwen3_target()
+    with pytest.raises(GenerateInputError, match="exact_block_size"):
+        speculative_generate(target, random_draft(block_size=BLOCK), [prompts()[0]], max_new_tokens=4,
+                             num_speculative_tokens=9, exact=True, exact_block_size=4)
+    with pytest.raises(GenerateInputError, match="exact"):
+        speculative_generate(target, None, [prompts()[0]], max_new_tokens=4, exact="yes")

@@ -1,0 +1,135 @@
+"""GPU proof of exact mode (issue 7 item 2): bf16, Qwen3-8B shape, random weights with a
+sharpened head so logits are peaked and near-ties occur.
+
+- exact speculative == exact AR at batch 1 and at batch 8, for N in {3, 7, 15};
+- each batch-8 row == the same prompt run alone (the batch-1 runs);
+- the proposer accepts >= 1 token per step on average (an oracle replaying the exact AR output,
+  each slot right with probability 0.9), so the equalities are not trivially true;
+- control: the same comparison with exact=False shows at least one departure (otherwise the
+  test proves nothing about bf16 numerics).
+
+Run on the device:  python -m pytest -m gpu tests/gpu/test_exact_mode.py -s
+With DFLASH2_GPU_OUT=DIR it writes DIR/exact_mode.json (departures, acceptance, wall times of
+exact vs normal mode: the speed cost of exact mode in the eager loop).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from dflash2.engine import speculative_generate
+from dflash2.evaluation.oracle import OracleProposer
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS, PROMPT_LEN, NEW, BLOCK, HEAD_SCALE = 8, 64, 128, 16, 3.0
+RESULTS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def target():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from transformers import AutoModelForCausalLM
+
+    from dflash2.runconfig import TargetSpec, random_target_config
+    from dflash2.target import TargetModel
+
+    spec = TargetSpec(name="qwen3-8b-random", source="random", tokenizer=None, dtype="bfloat16", hidden_size=4096,
+                      intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=128, vocab_size=151936)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(random_target_config(spec), dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(HEAD_SCALE)  # peaked logits: near-ties become rare but real
+    yield TargetModel(model)
+    out = os.environ.get("DFLASH2_GPU_OUT")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "exact_mode.json"), "w") as f:
+            json.dump(RESULTS, f, indent=2)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 151936, (PROMPT_LEN + 7 * i,), generator=g) for i in range(PROMPTS)]
+
+
+def _run(target, draft, rows, n_spec=0, exact=True):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = speculative_generate(target, draft, rows, max_new_tokens=NEW, num_speculative_tokens=n_spec,
+                               exact=exact, exact_block_size=BLOCK)
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def _oracle(refs, seeds):
+    return OracleProposer([r.tolist() for r in refs], seeds=seeds, block_size=BLOCK, accept_prob=0.9,
+                          vocab_size=151936)
+
+
+def _departures(a, b) -> list[int]:
+    """Per row, the first differing generated position (-1 = identical)."""
+    out = []
+    for x, y in zip(a.sequences, b.sequences):
+        diff = (x != y).nonzero()
+        out.append(int(diff[0]) if len(diff) else -1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ar_runs(target, prompts):
+    alone = [_run(target, None, [p]) for p in prompts]
+    batch, t_batch = _run(target, None, prompts)
+    RESULTS["ar_exact_wall_s"] = {"batch1_total": sum(t for _, t in alone), "batch8": t_batch}
+    return [o for o, _ in alone], batch
+
+
+def test_exact_ar_batch_rows_equal_alone(ar_runs):
+    alone, batch = ar_runs
+    for b, o in enumerate(alone):
+        assert torch.equal(o.sequences[0], batch.sequences[b]), f"row {b}"
+
+
+@pytest.mark.parametrize("n_spec", [3, 7, 15])
+def test_exact_speculative_equals_exact_ar(target, prompts, ar_runs, n_spec):
+    alone_ar, batch_ar = ar_runs
+    seeds = list(range(PROMPTS))
+    refs = batch_ar.sequences
+    batch, t_batch = _run(target, _oracle(refs, seeds), prompts, n_spec)
+    steps = sum(map(len, batch.accepted))
+    mean_acc = sum(map(sum, batch.accepted)) / steps
+    assert mean_acc >= 1.0, f"oracle accepted {mean_acc:.2f} per step: the equality would be trivial"
+    assert _departures(batch, batch_ar) == [-1] * PROMPTS  # batch 8: spec == AR
+    t_alone = 0.0
+    for b, p in enumerate(prompts):
+        alone, t = _run(target, _oracle([refs[b]], [seeds[b]]), [p], n_spec)
+        t_alone += t
+        assert torch.equal(alone.sequences[0], alone_ar[b].sequences[0]), f"batch 1, row {b}: spec != AR"
+        assert torch.equal(alone.sequences[0], batch.sequences[b]), f"row {b}: batch 8 != alone"
+    RESULTS[f"exact_N{n_spec}"] = {"mean_accepted": mean_acc, "wall_s_batch8": t_batch, "wall_s_batch1_total": t_alone}
+
+
+def test_normal_mode_departs_in_bf16(target, prompts):
+    """The control: without exact mode, bf16 near-ties flip somewhere (else the test above proves nothing).
+    Also the speed cost of exact mode at batch 8 (AR and N = 7), measured back to back."""
+    ar, t_ar = _run(target, None, prompts, exact=False)
+    spec, t_spec = _run(target, _oracle(ar.sequences, list(range(PROMPTS))), prompts, 7, exact=False)
+    dep = _departures(spec, ar)
+    ar_x, t_ar_x = _run(target, None, prompts, exact=True)
+    spec_x, t_spec_x = _run(target, _oracle(ar_x.sequences, list(range(PROMPTS))), prompts, 7, exact=True)
+    RESULTS["normal_mode"] = {"departures_N7_batch8": dep, "rows_departed": sum(d >= 0 for d in dep)}
+    RESULTS["speed_cost_batch8"] = {
+        "ar_s": {"normal": t_ar, "exact": t_ar_x, "ratio": t_ar_x / t_ar},
+        "spec_N7_s": {"normal": t_spec, "exact": t_spec_x, "ratio": t_spec_x / t_spec},
+        "note": "eager loop, second runs of the process (kernels warm), wall time of 8 x 128 tokens"}
+    assert any(d >= 0 for d in dep), "no departure without exact mode: the control shows nothing"
+    assert _departures(spec_x, ar_x) == [-1] * PROMPTS
