@@ -26,14 +26,14 @@ if [ "$DRY" = 1 ]; then
   RBS=4; TBS=2; ANCH=8; SEQ=256; CKPT=2; HELD=2; EVP=1; EVNEW=4; SWEEP="[1,3]"
 else
   source scripts/device_env.sh
-  GGUF=$PWD/.gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+  GGUF=${GGUF:-$PWD/.gguf/SmolLM2-135M-Instruct.Q4_1.gguf}
   HW="hardware=gpu"
   STEPS=${STEPS:-1500}; NPROMPTS=${NPROMPTS:-3000}; LIMIT=${LIMIT:-100}; NEW=${NEW:-256}; SWEEP_LIMIT=${SWEEP_LIMIT:-64}
   RBS=512; TBS=8; ANCH=128; SEQ=512; CKPT=250; HELD=16; EVP=16; EVNEW=128; SWEEP="[1,2,3,5,7,10,15]"
 fi
 TRAIN_GPU=${TRAIN_GPU:-0}
 read -r -a GPUS <<< "${EVAL_GPUS:-0}"
-W=$PWD/.ablation
+W=${ABL_DIR:-$PWD/.ablation}  # outside the checkout on the device (scripts/gpu_session.sh)
 mkdir -p "$W"
 RT="target.path=$GGUF $HW"  # regenerate.py has no logger group
 T="$RT logger=disabled"

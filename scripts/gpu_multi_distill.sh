@@ -8,6 +8,7 @@
 #       (step 3*STEPS/4) resumed on 1 GPU; the 1-GPU one resumed under FSDP (b) and, time permitting,
 #       under DDP; each RESUME_STEPS steps compared with the 1-GPU curve -> one PASS/FAIL line
 # Usage (repo root, 2 GPUs):  OUT=/path bash scripts/gpu_multi_distill.sh
+# PARTS="one ddp fsdp resume_one" (a subset of the part names below) re-runs only those parts.
 # Writes $OUT/multi_gpu.md (the table, also printed last), $OUT/results/*.json, $OUT/logs/*.log,
 # $OUT/status.txt. Checkpoints (~13 GB each) go to $SCRATCH (default: a temp dir, removed at the end).
 #
@@ -68,9 +69,14 @@ fi
   echo "launcher: ${LAUNCH[*]}; scratch: $SCRATCH"
 } 2>&1 | tee "$OUT/env.txt"
 
+PARTS=" ${PARTS:-one ddp fsdp resume_one resume_ddp} "  # a subset re-runs only those parts
 part() {   # part NAME LIMIT_S CMD...: run under min(LIMIT_S, time left), log to $LOGS/NAME.log
   local name=$1 limit=$2
   shift 2
+  if [[ "$PARTS" != *" $name "* ]]; then
+    echo "[$name] not selected (PARTS=$PARTS)" | tee -a "$OUT/status.txt"
+    return 1
+  fi
   local left=$((BUDGET - (SECONDS - START) - 10))
   if (( left < 40 )); then
     echo "[$name] SKIPPED: ${left}s left of the ${BUDGET}s budget" | tee -a "$OUT/status.txt"

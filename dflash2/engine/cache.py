@@ -27,16 +27,20 @@ through transformers' public extension points:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 # The name must not contain "flash": transformers treats any such name as a FlashAttention
 # kernel request (`is_flash_attention_requested` is a substring test) and tries to load it.
 ATTN_IMPLEMENTATION = "dfl2_row_static"
+# Set by the engine for the duration of an exact-mode call (see `exact_attention`).
+_EXACT: contextvars.ContextVar[bool] = contextvars.ContextVar("dfl2_exact_attention", default=False)
 
 
 class _RowState:
@@ -198,6 +202,18 @@ def row_attention(
     if window:
         visible = visible & (slots > pos - window)
     nkv = key.shape[1]
+    if _EXACT.get() and query.is_cuda:
+        # Exact mode: the memory-efficient kernel walks the keys of each (row, head, query tile)
+        # in one sequential loop, so a row's result depends neither on its batch neighbours nor on
+        # a masked key tail; the default choice on Hopper (cuDNN) picks shape-dependent plans
+        # whose rows changed with the batch in bf16. GQA heads are expanded (exact copies) since
+        # that kernel takes equal head counts.
+        if nh != nkv:
+            key = key.repeat_interleave(nh // nkv, dim=1)
+            value = value.repeat_interleave(nh // nkv, dim=1)
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=visible[:, None], scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
     out = F.scaled_dot_product_attention(
         query,
         key,
@@ -211,6 +227,16 @@ def row_attention(
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, row_attention)
+
+
+@contextlib.contextmanager
+def exact_attention(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, `row_attention` on CUDA runs the batch- and tail-invariant kernel (exact mode)."""
+    token = _EXACT.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _EXACT.reset(token)
 
 
 @contextlib.contextmanager

@@ -29,7 +29,10 @@ identical in shape whatever N and whoever shares the batch:
 - every later forward, AR and verify alike, runs over a block padded to `exact_block_size`
   slots ([anchor, d_1..d_N, pad...]; the pad slots write K/V past the committed length, which
   the next block overwrites before anything reads it, and their logits are dropped);
-- attention always sees the whole static K/V buffer (the masked tail is the same for every step).
+- attention always sees the whole static K/V buffer, its length rounded up to a bucket of
+  `EXACT_KV_BUCKET` slots (the same masked tail for every step and every batch whose rows fit
+  the bucket), and on CUDA it runs the memory-efficient SDPA kernel, which loops over the keys
+  of each row and head in one order (dflash2.engine.cache.row_attention).
 A token's hidden states then come from the same kernels whether it sat at slot 0 of an AR block
 or slot j of a verify block, provided the kernels compute each row independently of the others
 (cuBLAS GEMMs over M, SDPA with a boolean mask over a masked tail: both measured so on the
@@ -45,7 +48,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash2.engine.cache import StaticTargetCache, static_attention
+from dflash2.engine.cache import StaticTargetCache, exact_attention, static_attention
 from dflash2.engine.draft import DFlash2Proposer, DraftStep, Proposal
 from dflash2.engine.inputs import check_generate_inputs
 from dflash2.engine.sampling import filter_logits, invalid_rows, row_seeds
@@ -53,6 +56,9 @@ from dflash2.engine.stats import StepTimes, summarize
 from dflash2.kernels.dispatch import resolve_impl
 from dflash2.kernels.verify import verify_block
 from dflash2.target import TargetModel
+
+
+EXACT_KV_BUCKET = 1024  # exact mode: K/V slots per row rounded up to a multiple of this
 
 
 @dataclass
@@ -203,6 +209,10 @@ def speculative_generate(
     width = checked.exact_block_size if exact else n_spec + 1
     # Slots: prompt + max_new_tokens; the last block written reaches start + W - 1 <= P + max_new - 3 + W.
     max_len = p_max + max_new_tokens + width
+    if exact:
+        # One K/V length for every call whose rows fit the same bucket, so a row sees the same
+        # attention shapes alone and in any batch (the kernel is tail-invariant as well).
+        max_len = -(-max_len // EXACT_KV_BUCKET) * EXACT_KV_BUCKET
     trash = max_len  # a column of `tokens` that absorbs masked writes
     tokens = torch.zeros(bsz, max_len + 1, dtype=torch.long, device=device)
     for b, r in enumerate(rows):
@@ -232,7 +242,7 @@ def speculative_generate(
     empty_d = torch.zeros(bsz, 0, dtype=torch.long, device=device)
     empty_q = torch.zeros(bsz, 0, 1, dtype=torch.float32, device=device)
 
-    with static_attention(tgt.model):
+    with static_attention(tgt.model), exact_attention(exact):
         t_start = clock()
         # ---- prefill: prompts right-padded; padding sits at slots the rows overwrite later.
         ids = torch.zeros(bsz, p_max, dtype=torch.long, device=device)

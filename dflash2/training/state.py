@@ -44,7 +44,12 @@ def set_rng_state(state: dict) -> None:
     n = state["numpy"]
     np.random.set_state((n[0], n[1].numpy(), *n[2:]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # A checkpoint written where a process saw another number of GPUs (2 -> 1 process with
+        # CUDA_VISIBLE_DEVICES narrowed) holds one state per device it saw: restore those this
+        # process has, in order (each process only draws from its own device's generator).
+        saved = list(state["cuda"])
+        for i in range(min(len(saved), torch.cuda.device_count())):
+            torch.cuda.set_rng_state(saved[i], i)
 
 
 def checkpoint_dir(out_dir: Path, step: int) -> Path:
