@@ -25,13 +25,14 @@ if [ "$DRY" = 1 ]; then
   STEPS=${STEPS:-4}; NPROMPTS=${NPROMPTS:-8}; LIMIT=${LIMIT:-2}; NEW=${NEW:-16}; SWEEP_LIMIT=${SWEEP_LIMIT:-2}
   RBS=4; TBS=2; ANCH=8; SEQ=256; CKPT=2; HELD=2; EVP=1; EVNEW=4; SWEEP="[1,3]"
 else
-  source scripts/device_env.sh
-  GGUF=${GGUF:-$PWD/.gguf/SmolLM2-135M-Instruct.Q4_1.gguf}
+  GGUF_GIVEN=${GGUF:-}
+  source scripts/device_env.sh  # (it sets GGUF to its own default path)
+  GGUF=${GGUF_GIVEN:-$PWD/.gguf/SmolLM2-135M-Instruct.Q4_1.gguf}
   HW="hardware=gpu"
   STEPS=${STEPS:-1500}; NPROMPTS=${NPROMPTS:-3000}; LIMIT=${LIMIT:-100}; NEW=${NEW:-256}; SWEEP_LIMIT=${SWEEP_LIMIT:-64}
   RBS=512; TBS=8; ANCH=128; SEQ=512; CKPT=250; HELD=16; EVP=16; EVNEW=128; SWEEP="[1,2,3,5,7,10,15]"
 fi
-TRAIN_GPU=${TRAIN_GPU:-0}
+read -r -a TGPUS <<< "${TRAIN_GPUS:-${TRAIN_GPU:-0}}"  # GPU of each arm in turn (dflash2, conv, v1), cycled
 read -r -a GPUS <<< "${EVAL_GPUS:-0}"
 W=${ABL_DIR:-$PWD/.ablation}  # outside the checkout on the device (scripts/gpu_session.sh)
 mkdir -p "$W"
@@ -41,7 +42,7 @@ T="$RT logger=disabled"
 if [ "${PHASE}" = train ]; then
   t0=$(date +%s)
   [ -s "$W/regen/regenerated.jsonl" ] && R=true || R=false
-  CUDA_VISIBLE_DEVICES=$TRAIN_GPU python3 train/regenerate.py target=smollm2-135m $RT data=gsm8k-train \
+  CUDA_VISIBLE_DEVICES=${TGPUS[0]} python3 train/regenerate.py target=smollm2-135m $RT data=gsm8k-train \
       data.limit=$NPROMPTS data.max_new_tokens=$NEW data.regen_batch_size=$RBS output_dir=$W/regen resume=$R \
       > $W/regen.log 2>&1
   echo "regenerate rc=$? $(( $(date +%s) - t0 )) s, $(wc -l < $W/regen/regenerated.jsonl) rows"
@@ -51,17 +52,18 @@ if [ "${PHASE}" = train ]; then
      train.checkpoint_every=$CKPT train.progress=false train.log_every=25"
   # Idempotent: a finished arm is skipped, an interrupted one resumes from its last checkpoint,
   # so a call that runs out of time is continued by the next (PHASE=train again).
-  arm() {  # name, extra overrides...
-    local a=$1; shift
+  arm() {  # name, GPU, extra overrides...
+    local a=$1 gpu=$2; shift 2
     [ -d "$W/$a/final" ] && return 0
     local r=false; [ -d "$W/$a" ] && r=true
-    CUDA_VISIBLE_DEVICES=$TRAIN_GPU timeout ${TRAIN_BUDGET_S:-480} python3 train/distill.py $C output_dir=$W/$a \
+    CUDA_VISIBLE_DEVICES=$gpu timeout ${TRAIN_BUDGET_S:-480} python3 train/distill.py $C output_dir=$W/$a \
         resume=$r "$@" >> $W/train_$a.log 2>&1
     echo "arm $a rc=$?" >> $W/train_$a.log
   }
-  arm dflash2 &
-  arm conv train.selector_alpha=0 &
-  arm v1 draft.architecture=v1 &
+  n=${#TGPUS[@]}
+  arm dflash2 ${TGPUS[0]} &
+  arm conv ${TGPUS[$((1 % n))]} train.selector_alpha=0 &
+  arm v1 ${TGPUS[$((2 % n))]} draft.architecture=v1 &
   wait
   echo "training done $(( $(date +%s) - t0 )) s"
   for a in dflash2 conv v1; do

@@ -12,6 +12,8 @@
 #           arms on GPU 0 while the exact-mode GPU tests run on GPU 1; then the sharded
 #           evaluation check on both GPUs
 #   CALL=3: the ablation's evaluation jobs over both GPUs
+#   CALL=4: carry .whl shared .gguf_b   calls 2 and 3 for the ablation only, in one call: assemble,
+#           regenerate + train (dflash2 on GPU 0, conv and v1 on GPU 1), evaluate over both GPUs
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
 set -uo pipefail
@@ -59,6 +61,18 @@ case $CALL in
   echo "gpu tests and resume check done after $((SECONDS - START)) s"
   [ -d $ABL_DIR/dflash2/final ] && sharded $((565 - (SECONDS - START)))
   tail -n 16 $OUT/train_phase.log; tail -n 8 $OUT/gpu_tests.log; cat $OUT/resume_check.md $OUT/sharded_eval.md 2>/dev/null
+  ;;
+4)  # what calls 2 and 3 do for the ablation, in one call (no exact-mode tests, no sharded check)
+  [ -s "$GGUF" ] || cat /tmp/gguf/part_aa .gguf_b/part_ab > "$GGUF"
+  echo "$GGUF_SHA  $GGUF" | sha256sum -c || exit 1
+  TRAIN_GPUS="0 1 1" PHASE=train TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-300} NPROMPTS=${NPROMPTS:-2000} OUT=$OUT \
+    bash scripts/gpu_ablation.sh > $OUT/train_phase.log 2>&1
+  echo "train phase rc=$? after $((SECONDS - START)) s"
+  tail -n 12 $OUT/train_phase.log
+  EVAL_GPUS="0 1" EVAL_BUDGET_S=$((570 - (SECONDS - START))) PHASE=eval OUT=$OUT bash scripts/gpu_ablation.sh \
+    > $OUT/eval_phase.log 2>&1
+  echo "eval phase rc=$? after $((SECONDS - START)) s"
+  tail -n 24 $OUT/eval_phase.log
   ;;
 3)
   source scripts/device_env.sh
