@@ -51,6 +51,7 @@ class _RowState:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] committed K/V per row
         self.positions: torch.Tensor | None = None  # [B, q] write slots of the current forward
         self.kv_len = max_len  # slots handed to attention: buffer[..., :kv_len]
+        self.row: int | None = None  # set: the forward runs row `row` alone (a [1, ...] view of the buffers)
 
 
 class RowStaticLayer(CacheLayerMixin):
@@ -88,12 +89,14 @@ class RowStaticLayer(CacheLayerMixin):
                 f"forward's keys {tuple(key_states.shape)} before running the model"
             )
         b, nkv, q, _ = key_states.shape
-        idx = pos[:, None, :, None].expand(b, nkv, q, self.keys.shape[-1])  # [B, nkv, q, hd]
-        self.keys.scatter_(2, idx, key_states.to(self.dtype))
-        idx_v = pos[:, None, :, None].expand(b, nkv, q, self.values.shape[-1])
-        self.values.scatter_(2, idx_v, value_states.to(self.dtype))
+        row = self.state.row
+        keys, values = (self.keys, self.values) if row is None else (self.keys[row:row + 1], self.values[row:row + 1])
+        idx = pos[:, None, :, None].expand(b, nkv, q, keys.shape[-1])  # [B, nkv, q, hd]
+        keys.scatter_(2, idx, key_states.to(self.dtype))
+        idx_v = pos[:, None, :, None].expand(b, nkv, q, values.shape[-1])
+        values.scatter_(2, idx_v, value_states.to(self.dtype))
         n = self.state.kv_len
-        return self.keys[:, :, :n], self.values[:, :, :n]
+        return keys[:, :, :n], values[:, :, :n]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.state.kv_len, 0
@@ -145,15 +148,20 @@ class StaticTargetCache(Cache):
     def max_len(self) -> int:
         return self.state.max_len
 
-    def prepare(self, positions: torch.Tensor, kv_len: int | None = None) -> None:
+    def prepare(self, positions: torch.Tensor, kv_len: int | None = None, row: int | None = None) -> None:
         """Set the write slots `positions [B, q]` of the next forward.
 
         `kv_len` (host int, default `S_max`) bounds the key slots handed to attention; it must
         exceed every position written or read. A fixed `S_max` keeps shapes static (graph
-        capture); a tighter bound is cheaper in eager mode.
+        capture); a tighter bound is cheaper in eager mode. `row`: the next forward is row `row`
+        alone (`positions [1, q]`); it reads and writes only that row's buffers, with exactly
+        the shapes of a batch of one (exact mode).
         """
+        if row is not None and not 0 <= row < self.state.lengths.numel():
+            raise ValueError(f"row={row} is outside the cache's {self.state.lengths.numel()} rows")
         self.state.positions = positions
         self.state.kv_len = self.state.max_len if kv_len is None else min(int(kv_len), self.state.max_len)
+        self.state.row = row
 
     def set_lengths(self, lengths: torch.Tensor) -> None:
         """Commit/rollback: row `b` keeps slots `< lengths[b]` (no data moves)."""

@@ -24,8 +24,9 @@ Exact mode (`exact=True`): in bf16 on a GPU a 16-token verify runs other GEMM an
 shapes than a 1-token decode, so top-2 near-ties (0-1 bf16 ulp apart) can flip and greedy
 speculative output can leave the AR path without any bug. Exact mode makes every target forward
 identical in shape whatever N and whoever shares the batch:
-- the prompt is prefilled row by row (a batch of one at the row's own length, K/V then copied
-  into the row's slots), so prefill shapes never depend on the other rows;
+- every target forward runs row by row, each with the shapes of a batch of one (the cache hands
+  the forward a one-row view of its buffers): the prompt at its own length, later blocks as
+  below, so no kernel sees the other rows (GEMMs may change algorithm with the row count);
 - every later forward, AR and verify alike, runs over a block padded to `exact_block_size`
   slots ([anchor, d_1..d_N, pad...]; the pad slots write K/V past the committed length, which
   the next block overwrites before anything reads it, and their logits are dropped);
@@ -34,10 +35,10 @@ identical in shape whatever N and whoever shares the batch:
   the bucket), and on CUDA it runs the memory-efficient SDPA kernel, which loops over the keys
   of each row and head in one order (dflash2.engine.cache.row_attention).
 A token's hidden states then come from the same kernels whether it sat at slot 0 of an AR block
-or slot j of a verify block, provided the kernels compute each row independently of the others
-(cuBLAS GEMMs over M, SDPA with a boolean mask over a masked tail: both measured so on the
-H200; the GPU test `tests/gpu/test_exact_mode.py` checks the end result). It costs a padded
-forward per AR step and B small prefills; off by default.
+or slot j of a verify block, provided the GEMMs treat the W rows of a block alike whatever slot a
+token occupies (measured so on the H200); the GPU test `tests/gpu/test_exact_mode.py` checks
+the end result. It costs a padded forward per AR step and B one-row forwards per step instead of
+one batched forward (launch-bound in the eager loop); off by default.
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ def _check_valid(bad: list[bool], what: str, step: int) -> None:
 
 def _prefill_rows(tgt: TargetModel, rows: list[torch.Tensor], cache: StaticTargetCache, layer_ids: list[int],
                   p_max: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Exact-mode prefill: each prompt as a batch of one at its own length (shapes that do not
-    depend on the other rows), its K/V copied into row b's slots of `cache`.
+    """Exact-mode prefill: each prompt alone (a batch of one at its own length, written into
+    row b's slots of `cache`), so prefill shapes never depend on the other rows.
 
     Returns:
         `(first_logits [B, 1, V], features [B, p_max, n*H] or None)`, features zero past a row's end.
@@ -121,17 +122,34 @@ def _prefill_rows(tgt: TargetModel, rows: list[torch.Tensor], cache: StaticTarge
     logits, feats = [], []
     for b, r in enumerate(rows):
         n = r.numel()
-        one = StaticTargetCache(tgt.config, 1, n, tgt.dtype, device)
         pos = torch.arange(n, device=device)[None]
-        one.prepare(pos, kv_len=n)
-        out = tgt(r.to(device)[None], position_ids=pos, past_key_values=one, layer_ids=layer_ids, logits_to_keep=1)
-        for dst, src in zip(cache.layers, one.layers):
-            dst.keys[b, :, :n] = src.keys[0, :, :n]
-            dst.values[b, :, :n] = src.values[0, :, :n]
+        cache.prepare(pos, kv_len=n, row=b)
+        out = tgt(r.to(device)[None], position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=1)
         logits.append(out.logits[:, -1:])
         if out.features is not None:
             feats.append(torch.nn.functional.pad(out.features, (0, 0, 0, p_max - n)))
-        del one
+    cache.prepare(torch.zeros(len(rows), 0, dtype=torch.long, device=device))  # back to whole-batch forwards
+    return torch.cat(logits), (torch.cat(feats) if feats else None)
+
+
+def _forward_rows(tgt: TargetModel, block: torch.Tensor, pos: torch.Tensor, cache: StaticTargetCache,
+                  layer_ids: list[int], kv_len: int):
+    """Exact-mode block forward: one forward per row, each with the shapes of a batch of one.
+
+    GEMM kernels may pick other algorithms (other reduction orders) for another number of rows
+    M = B x W; on the H200 a bf16 Qwen3-8B-shaped row changed with its batch neighbours even
+    with the attention kernel fixed. Row by row, a row runs the very kernels it runs alone.
+
+    Returns:
+        `(logits [B, W, V], features [B, W, n*H] or None)`.
+    """
+    logits, feats = [], []
+    for b in range(block.shape[0]):
+        cache.prepare(pos[b:b + 1], kv_len=kv_len, row=b)
+        out = tgt(block[b:b + 1], position_ids=pos[b:b + 1], past_key_values=cache, layer_ids=layer_ids)
+        logits.append(out.logits)
+        if out.features is not None:
+            feats.append(out.features)
     return torch.cat(logits), (torch.cat(feats) if feats else None)
 
 
@@ -295,10 +313,14 @@ def speculative_generate(
             # row's own offset; only the first 1+N slots' logits and features are used.
             block = torch.cat([anchor[:, None], d, pad], dim=1)  # [B, W]
             pos_w = start[:, None] + arange_w
-            kv_len = max_len if exact else max(p + g - 1 for p, g in zip(plen_host, gen_host)) + n_spec + 1
-            cache.prepare(pos_w, kv_len=kv_len)
-            out = tgt(block, position_ids=pos_w, past_key_values=cache, layer_ids=layer_ids)
-            logits = out.logits[:, : n_spec + 1]  # [B, 1+N, V]
+            if exact:
+                all_logits, feats = _forward_rows(tgt, block, pos_w, cache, layer_ids, max_len)
+            else:
+                kv_len = max(p + g - 1 for p, g in zip(plen_host, gen_host)) + n_spec + 1
+                cache.prepare(pos_w, kv_len=kv_len)
+                out = tgt(block, position_ids=pos_w, past_key_values=cache, layer_ids=layer_ids)
+                all_logits, feats = out.logits, out.features
+            logits = all_logits[:, : n_spec + 1]  # [B, 1+N, V]
             pos = pos_w[:, : n_spec + 1]
             bad = invalid_rows(logits)
             if prop is not None and prop.invalid is not None:
@@ -322,7 +344,6 @@ def speculative_generate(
             gen = gen + n_new
             done = done | (active & (stop_hit | (gen >= max_new_tokens)))
             cache.set_lengths(torch.where(active, start + acc + 1, start))  # rollback = new lengths
-            feats = out.features
             ctx, ctx_pos, ctx_counts = (feats[:, : n_spec + 1] if feats is not None else None), pos, acc + 1
             acc_host, n_host, done_new, bad_host, act_host = torch.stack(
                 [acc, n_new, done.long(), (bad & active).long(), active.long()]).tolist()

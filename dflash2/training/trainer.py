@@ -468,12 +468,14 @@ class Distiller:
                     self.save_checkpoint(done)
             final = self.out_dir / "final"
             self.save_checkpoint(self.total_steps)
-            self._eval_and_log(self.total_steps, main, jsonl, sink)
             draft = self._full_draft()   # FSDP: gathered at the save above, no new collective
             if main:
                 dtype = getattr(torch, tc.export_dtype) if tc.export_dtype else self.target.dtype
                 export_final(draft, final, self._export_info(), dtype=dtype)
             self.acc.wait_for_everyone()
+            # The held-out evaluation comes after the export: a run killed while evaluating (a
+            # time limit on a shared machine) still leaves its final checkpoint.
+            self._eval_and_log(self.total_steps, main, jsonl, sink)
             return final
         finally:
             bar.close()

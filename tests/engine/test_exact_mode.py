@@ -70,7 +70,7 @@ def test_exact_speculative_equals_exact_ar_and_rows_equal_alone(setup, n_spec):
         assert alone.accepted[0] == spec.accepted[b]
 
 
-def test_every_forward_after_prefill_has_the_padded_width():
+def test_every_forward_is_one_row_and_every_block_has_the_padded_width():
     target = qwen3_target()
     rows = [prompts()[i] for i in (1, 4, 7)]
     draft = random_draft(block_size=BLOCK)
@@ -81,8 +81,8 @@ def test_every_forward_after_prefill_has_the_padded_width():
         handle.remove()
     prefill, steps = seen[: len(rows)], seen[len(rows):]
     assert prefill == [(1, r.numel()) for r in rows]  # row by row, own length
-    assert steps and all(s == (len(rows), BLOCK) for s in steps)  # the draft's block_size
-    assert len(steps) == max(map(len, out.accepted))
+    assert steps and all(s == (1, BLOCK) for s in steps)  # row by row, the draft's block_size
+    assert len(steps) == len(rows) * max(map(len, out.accepted))  # finished rows ride along
 
 
 def test_sampled_exact_rows_equal_alone(setup):
