@@ -25,20 +25,11 @@ KEEP = ("checks", "run_id", "prompt_format")
 def read_records(path: Path) -> list[dict]:
     """Records of a JSONL file; a malformed line fails with its number (a torn last line from a
     killed run is skipped with a warning)."""
+    from dflash2.evaluation.report import read_jsonl
+
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; pass the run directory that eval/run.py wrote")
-    lines = path.read_text().splitlines()
-    out = []
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if i == len(lines):
-                print(f"warning: {path}:{i} is a truncated last line (killed run?); skipped", file=sys.stderr)
-                continue
-            raise ValueError(f"{path}:{i} is not valid JSON ({e.msg}); fix or remove that line") from e
+    out = read_jsonl(path)
     if not out:
         raise ValueError(f"{path} holds no records")
     return out

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a fr
 import numpy as np  # noqa: E402
 
 from dflash2.evaluation import stats  # noqa: E402
-from dflash2.evaluation.report import _ci, _f, _md_table, _p, _pct, plt  # noqa: E402  (Agg backend set there)
+from dflash2.evaluation.report import _ci, _f, _md_table, _p, _pct, plt, read_jsonl  # noqa: E402  (Agg backend set there)
 
 NOT_RUN = "not run"
 CHECKPOINTS = ("dflash2", "conv", "v1")
@@ -41,23 +41,6 @@ TRAIN_KEYS = ("loss", "loss_unary", "loss_selector", "tau_proxy", "path_tau", "r
 
 
 # ------------------------------------------------------------------------------ loading
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL file; a torn last line (killed run) is skipped, other bad lines fail with their number."""
-    lines = path.read_text().splitlines()
-    out = []
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if i == len(lines):
-                print(f"warning: {path}:{i} is a truncated last line; skipped", file=sys.stderr)
-                continue
-            raise ValueError(f"{path}:{i} is not valid JSON ({e.msg}); fix or remove that line") from e
-    return out
 
 
 def load_run(path: Path, notes: list[str]) -> dict | None:

@@ -30,7 +30,7 @@ else
   GGUF=${GGUF_GIVEN:-$PWD/.gguf/SmolLM2-135M-Instruct.Q4_1.gguf}
   HW="hardware=gpu"
   STEPS=${STEPS:-1500}; NPROMPTS=${NPROMPTS:-3000}; LIMIT=${LIMIT:-100}; NEW=${NEW:-256}; SWEEP_LIMIT=${SWEEP_LIMIT:-64}
-  RBS=512; TBS=8; ANCH=128; SEQ=512; CKPT=250; HELD=16; EVP=16; EVNEW=128; SWEEP="[1,2,3,5,7,10,15]"
+  RBS=512; TBS=8; ANCH=128; SEQ=512; CKPT=250; HELD=16; EVP=8; EVNEW=96; SWEEP="[1,2,3,5,7,10,15]"
 fi
 read -r -a TGPUS <<< "${TRAIN_GPUS:-${TRAIN_GPU:-0}}"  # GPU of each arm in turn (dflash2, conv, v1), cycled
 read -r -a GPUS <<< "${EVAL_GPUS:-0}"

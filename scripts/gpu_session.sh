@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # The device calls behind docs/RESULTS.md (issue 10) and the multi-GPU figures (issue 11), on
 # one 2 x H200 machine (device kind nvidia-h200-x2), back-to-back calls. Between calls a warm
-# machine keeps /tmp (the checkout itself is re-synced and loses untracked files), so the GGUF
-# parts and the ablation's work dir live under /tmp:
+# machine keeps /tmp for 30 s (the checkout itself is re-synced and loses untracked files), so
+# the GGUF parts and the ablation's work dir live under /tmp. Fire each call as soon as the
+# previous one returns.
 #
-#   CALL=1: carry .whl shared           multi-GPU distillation (scripts/gpu_multi_distill.sh)
+#   CALL=1: carry .whl shared           multi-GPU distillation, all parts (scripts/gpu_multi_distill.sh)
 #   CALL=0: carry .whl shared .gguf_a   park the first half of the SmolLM2 GGUF in /tmp (one call
 #           carries at most 64 MiB; the file is 98 MB); with RESUME_CHECK=1 also re-check the
-#           2 -> 1 GPU checkpoint resume (1 GPU, DDP, DDP checkpoint resumed on 1 GPU; 12 steps)
-#   CALL=2: carry .whl shared .gguf_b   assemble the GGUF; regenerate + train the three ablation
-#           arms on GPU 0 while the exact-mode GPU tests run on GPU 1; then the sharded
-#           evaluation check on both GPUs
-#   CALL=3: the ablation's evaluation jobs over both GPUs
-#   CALL=4: carry .whl shared .gguf_b   calls 2 and 3 for the ablation only, in one call: assemble,
-#           regenerate + train (dflash2 on GPU 0, conv and v1 on GPU 1), evaluate over both GPUs
+#           2 -> 1 GPU checkpoint resume (1 GPU, DDP, the DDP checkpoint resumed on 1 GPU; 12
+#           steps, about 5 minutes: each launch builds the 8B-shaped target)
+#   CALL=2: carry .whl shared .gguf_b   assemble the GGUF; regenerate, train the three ablation
+#           arms (dflash2 and v1 on GPU 0, conv on GPU 1); then the exact-mode GPU tests on GPU 1
+#   CALL=3: carry .whl shared           the sharded evaluation check on both GPUs (trained DFlash2
+#           draft), then the ablation's evaluation jobs over both GPUs
+#   CALL=4: carry .whl shared .gguf_b   what ran on 2026-11-30: CALL=2's training and CALL=3's
+#           evaluation in one call; too tight for 10 minutes (the arms need 3-5 minutes, the
+#           held-out check and the evaluation the rest), so use 2 then 3
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
 set -uo pipefail
@@ -35,7 +38,7 @@ case $CALL in
 0)
   mkdir -p /tmp/gguf && cp .gguf_a/part_aa /tmp/gguf/part_aa && ls -la /tmp/gguf
   if [ "${RESUME_CHECK:-0}" = 1 ]; then
-    PARTS="one ddp resume_one" STEPS=12 BUDGET=220 OUT=$OUT/r bash scripts/gpu_multi_distill.sh > $OUT/resume_check.log 2>&1
+    PARTS="one ddp resume_one" STEPS=12 BUDGET=330 OUT=$OUT/r bash scripts/gpu_multi_distill.sh > $OUT/resume_check.log 2>&1
     echo "resume check rc=$? after $((SECONDS - START)) s"
     cp $OUT/r/multi_gpu.md $OUT/resume_check.md; tar czf $OUT/resume_check.tgz -C $OUT r && rm -rf $OUT/r
     cat $OUT/resume_check.md
@@ -52,15 +55,22 @@ case $CALL in
   [ -s "$GGUF" ] || cat /tmp/gguf/part_aa .gguf_b/part_ab > "$GGUF"
   echo "$GGUF_SHA  $GGUF" | sha256sum -c || exit 1
   source scripts/device_env.sh
-  (CUDA_VISIBLE_DEVICES=1 DFLASH2_GPU_OUT=$OUT timeout 420 python3 -m pytest -m gpu tests/gpu/test_exact_mode.py \
-     tests/test_gpu_loop.py -s -q -p no:cacheprovider > $OUT/gpu_tests.log 2>&1
-   echo "gpu tests rc=$?" >> $OUT/gpu_tests.log) &
-  TRAIN_GPU=0 PHASE=train TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-330} OUT=$OUT bash scripts/gpu_ablation.sh > $OUT/train_phase.log 2>&1
+  TRAIN_GPUS="0 1 0" PHASE=train TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-400} NPROMPTS=${NPROMPTS:-2000} OUT=$OUT \
+    bash scripts/gpu_ablation.sh \
+    > $OUT/train_phase.log 2>&1
   echo "train phase rc=$? after $((SECONDS - START)) s"
-  wait
-  echo "gpu tests and resume check done after $((SECONDS - START)) s"
-  [ -d $ABL_DIR/dflash2/final ] && sharded $((565 - (SECONDS - START)))
-  tail -n 16 $OUT/train_phase.log; tail -n 8 $OUT/gpu_tests.log; cat $OUT/resume_check.md $OUT/sharded_eval.md 2>/dev/null
+  CUDA_VISIBLE_DEVICES=1 DFLASH2_GPU_OUT=$OUT timeout $((570 - (SECONDS - START))) python3 -m pytest -m gpu \
+    tests/gpu/test_exact_mode.py tests/test_gpu_loop.py -s -q -p no:cacheprovider > $OUT/gpu_tests.log 2>&1
+  echo "gpu tests rc=$? after $((SECONDS - START)) s"
+  tail -n 16 $OUT/train_phase.log; tail -n 8 $OUT/gpu_tests.log
+  ;;
+3)
+  source scripts/device_env.sh
+  [ -d $ABL_DIR/dflash2/final ] && sharded 200
+  EVAL_GPUS="0 1" EVAL_BUDGET_S=$((570 - (SECONDS - START))) PHASE=eval OUT=$OUT bash scripts/gpu_ablation.sh \
+    > $OUT/eval_phase.log 2>&1
+  echo "eval phase rc=$? after $((SECONDS - START)) s"
+  tail -n 30 $OUT/eval_phase.log; cat $OUT/sharded_eval.md 2>/dev/null
   ;;
 4)  # what calls 2 and 3 do for the ablation, in one call (no exact-mode tests, no sharded check)
   [ -s "$GGUF" ] || cat /tmp/gguf/part_aa .gguf_b/part_ab > "$GGUF"
@@ -73,12 +83,6 @@ case $CALL in
     > $OUT/eval_phase.log 2>&1
   echo "eval phase rc=$? after $((SECONDS - START)) s"
   tail -n 24 $OUT/eval_phase.log
-  ;;
-3)
-  source scripts/device_env.sh
-  EVAL_GPUS="0 1" EVAL_BUDGET_S=${EVAL_BUDGET_S:-450} PHASE=eval OUT=$OUT bash scripts/gpu_ablation.sh > $OUT/eval_phase.log 2>&1
-  echo "eval phase rc=$? after $((SECONDS - START)) s"
-  tail -n 30 $OUT/eval_phase.log
   ;;
 esac
 ls -la $OUT

@@ -30,6 +30,25 @@ from matplotlib.figure import Figure  # noqa: E402
 # ------------------------------------------------------------------------------ formatting
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSONL file (records, training metrics). A torn last line, what a killed run
+    leaves, is skipped with a warning; any other malformed line fails with its number."""
+    path = Path(path)
+    lines = path.read_text().splitlines()
+    out = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines):
+                print(f"warning: {path}:{i} is a truncated last line (killed run?); skipped", file=sys.stderr)
+                continue
+            raise ValueError(f"{path}:{i} is not valid JSON ({e.msg}); fix or remove that line") from e
+    return out
+
+
 def _f(v: Any, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
