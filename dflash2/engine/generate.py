@@ -60,6 +60,8 @@ from dflash2.target import TargetModel
 
 
 EXACT_KV_BUCKET = 1024  # exact mode: K/V slots per row rounded up to a multiple of this
+KV_BUCKET = 128  # normal mode on CUDA: attention's K/V length rounded up to a multiple of this
+CPU_KV_BUCKET = 0  # the same on CPU (0 = exact lengths; tests set it to exercise the bucketed path)
 
 
 @dataclass
@@ -216,6 +218,11 @@ def speculative_generate(
         return SpeculativeOutput([r.cpu() for r in rows], [[] for _ in rows], plen_host, ["length"] * bsz, n_spec)
 
     impl = resolve_impl(impl, device)
+    # On CUDA a K/V length that grows by one every step gives attention a new shape every step,
+    # and each new shape costs the default SDPA path a new plan: at batch 8 on the H200 the eager
+    # loop ran 3x faster with one fixed length (docs/PERFORMANCE.md, exact mode). Masked tail
+    # slots change no result, so the length is rounded up to a bucket. The CPU keeps exact lengths.
+    kv_bucket = KV_BUCKET if device.type == "cuda" else CPU_KV_BUCKET
     sync = timing and device.type == "cuda"
 
     def clock() -> float:
@@ -317,6 +324,8 @@ def speculative_generate(
                 all_logits, feats = _forward_rows(tgt, block, pos_w, cache, layer_ids, max_len)
             else:
                 kv_len = max(p + g - 1 for p, g in zip(plen_host, gen_host)) + n_spec + 1
+                if kv_bucket:
+                    kv_len = -(-kv_len // kv_bucket) * kv_bucket  # a new attention shape every bucket only
                 cache.prepare(pos_w, kv_len=kv_len)
                 out = tgt(block, position_ids=pos_w, past_key_values=cache, layer_ids=layer_ids)
                 all_logits, feats = out.logits, out.features

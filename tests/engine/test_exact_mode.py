@@ -102,3 +102,29 @@ def test_exact_block_size_must_hold_the_verify_block():
                              num_speculative_tokens=9, exact=True, exact_block_size=4)
     with pytest.raises(GenerateInputError, match="exact"):
         speculative_generate(target, None, [prompts()[0]], max_new_tokens=4, exact="yes")
+
+
+def test_bucketed_kv_length_changes_no_token(monkeypatch):
+    """Normal mode rounds attention's K/V length up to a bucket on CUDA; the masked tail must
+    change nothing. Forced on CPU here (fp64): same tokens with and without the bucket."""
+    import dflash2.engine.generate as gen
+
+    target = qwen3_target()
+    rows = [prompts()[i] for i in (0, 3, 5)]
+    draft = random_draft(block_size=BLOCK)
+    plain = speculative_generate(target, draft, rows, max_new_tokens=10, num_speculative_tokens=4)
+    monkeypatch.setattr(gen, "CPU_KV_BUCKET", 16)
+    lengths = []
+    prepare = gen.StaticTargetCache.prepare
+
+    def spy(self, positions, kv_len=None, row=None):
+        lengths.append((positions.shape[1], kv_len))
+        return prepare(self, positions, kv_len, row)
+
+    monkeypatch.setattr(gen.StaticTargetCache, "prepare", spy)
+    bucketed = speculative_generate(target, draft, rows, max_new_tokens=10, num_speculative_tokens=4)
+    steps = [k for q, k in lengths if q == 5]  # the verify forwards (1 + N slots)
+    assert steps and all(k % 16 == 0 for k in steps)  # the bucket was applied
+    for a, b in zip(plain.sequences, bucketed.sequences):
+        assert torch.equal(a, b)
+    assert plain.accepted == bucketed.accepted
