@@ -1,0 +1,525 @@
+"""Engine benchmark: per-step time of our AR and speculative steps against HF peers and floors.
+
+    python -m dflash2.engine.bench --shape qwen3-8b --part 1 --out part1.md --json part1.json
+    python -m dflash2.engine.bench --merge part1.json part2.json part3.json --out engine.md
+
+Per cell (context, batch, arm), all in one process, on random weights (cost does not depend on
+values): HF eager `generate` (DynamicCache), HF static cache + `torch.compile` (transformers'
+own generate-time compile, `CompileConfig(mode="reduce-overhead")`), our AR step
+(`speculative_generate(target, None, ...)`) and our speculative step at each N with a real
+random DFlash2 draft (5 layers at the Qwen3-8B shape), so draft and select cost what they cost;
+its proposals are almost never accepted, so tokens/step is ~1 and reported as measured.
+
+Per-step time: ours = median over the steps after `--warmup-steps` of draft + select + verify
+from `speculative_generate(..., timing=True)` (the device is synchronized at every phase
+boundary; commit is inside verify). HF = (median time of `generate` for `--new-tokens` tokens
+- median time of `generate` for 1 token, i.e. the prefill) / (`--new-tokens` - 1), after one
+warm-up call (the compile for the compiled arm). Peak memory: `torch.cuda.max_memory_allocated`
+per cell (weights included).
+
+Floors, measured in the same process: copy bandwidth (a device-to-device `copy_`, read + write);
+memory floor = (target weight bytes without the input embedding, plus the draft's for
+speculative arms, plus the K/V bytes of `context` tokens per row) / bandwidth; GEMM stack = the
+target's linear layers (LM head included) run on M = batch x (N + 1) rows (one CUDA graph of the
+whole stack, median of replays); compute floor = 2 x linear params x M / the FLOP/s of a large
+square GEMM. "x floor" = ms/step over the largest of the three.
+
+Ratios "x HF eager" / "x HF compile" = the HF arm's ms/step over this arm's, same context and
+batch (> 1: this arm's step is faster).
+
+Split into at most three calls of < 10 minutes each on an H200 (`--part`; the grid is
+`--context` x `--batch`): part 1 = the smallest context, every batch; part 2 = the other
+contexts, every batch but the largest; part 3 = the other contexts, the largest batch. With the
+defaults: part 1 = context 512 (batch 1, 8, 32), part 2 = context 4096 (batch 1, 8), part 3 =
+context 4096 (batch 32). Results are written after every cell; `--budget-s` (wall time from the
+start) skips the remaining cells with "not run (budget)" rows instead of overrunning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shlex
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from dflash2.runconfig import DraftSpec, TargetSpec, new_draft, random_target_config
+
+SHAPES = {
+    "qwen3-8b": (TargetSpec(name="qwen3-8b-random", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                            dtype="bfloat16"), 5),
+    "tiny": (TargetSpec(name="tiny-random", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+                        dtype="float32"), 1),
+}
+MAX_N = 15  # the draft block is 16 slots: anchor + 15 drafts
+HF_EAGER, HF_COMPILE, OURS_AR = "HF eager", "HF static+compile", "ours AR"
+NOT_RUN_BUDGET = "not run (budget)"
+NA_CPU = "n/a on CPU"
+# Prior duration (s) of a cell kind before one has run: the first compile is the long one.
+PRIOR_S = {"hf_compile": 150.0}
+TARGET_SHAPE, TARGET_DEVICE = "qwen3-8b", "H200"
+
+
+def arm_name(n: int) -> str:
+    return OURS_AR if n == 0 else f"ours N={n}"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,8,32") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers, e.g. 1,8,32")
+    return vals
+
+
+def select_part(contexts: list[int], batches: list[int], part: str) -> list[tuple[int, int]]:
+    """(context, batch) cells of `part` (module docstring). Returns them in run order."""
+    cells = [(c, b) for c in sorted(set(contexts)) for b in sorted(set(batches))]
+    if part == "all":
+        return cells
+    c0, bmax = min(contexts), max(batches)
+    keep = {"1": lambda c, b: c == c0, "2": lambda c, b: c > c0 and b < bmax, "3": lambda c, b: c > c0 and b == bmax}
+    return [cell for cell in cells if keep[part](*cell)]
+
+
+# ---------------------------------------------------------------------------------- timing
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_fn(fn, device: torch.device, reps: int, warmup: int = 2) -> float:
+    """Median seconds of `fn()` (synchronized), after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _time_graph(fn, device: torch.device, reps: int = 10) -> float:
+    """Median seconds of one `fn()`: captured in a CUDA graph on CUDA (no launch cost), else eager."""
+    if device.type != "cuda":
+        return _time_fn(fn, device, reps)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (cuBLAS handles, workspaces)
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    secs = _time_fn(graph.replay, device, reps)
+    del graph
+    return secs
+
+
+# ---------------------------------------------------------------------------------- floors
+
+def copy_bandwidth_gbs(device: torch.device) -> float:
+    """GB/s of a large device-to-device copy (bytes read + written): 1 GiB on CUDA, 64 MiB on CPU."""
+    n = (1 << 28) if device.type == "cuda" else (1 << 24)
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    secs = _time_fn(lambda: dst.copy_(src), device, reps=20 if device.type == "cuda" else 5)
+    return 2 * n * 4 / secs / 1e9
+
+
+def gemm_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of a square GEMM in `dtype` (8192^3 on CUDA, 512^3 on CPU)."""
+    s = 8192 if device.type == "cuda" else 512
+    a = torch.randn(s, s, device=device, dtype=dtype)
+    b = torch.randn(s, s, device=device, dtype=dtype)
+    secs = _time_fn(lambda: torch.matmul(a, b), device, reps=20 if device.type == "cuda" else 5)
+    return 2 * s**3 / secs
+
+
+def linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Weights of every `nn.Linear` of an HF causal LM (decoder layers and LM head), in order."""
+    return [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def weight_bytes(model: torch.nn.Module, skip: torch.nn.Module | None = None) -> int:
+    """Bytes of `model`'s parameters read per step: all but `skip`'s (the input embedding, of
+    which a step reads only the batch's rows; a tied table is still counted as the head)."""
+    skipped = {id(p) for p in skip.parameters()} if skip is not None else set()
+    head = getattr(model, "lm_head", None)
+    if head is not None:
+        skipped.discard(id(head.weight))
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skipped)
+
+
+def gemm_stack_s(weights: list[torch.Tensor], m: int, device: torch.device) -> float:
+    """Seconds of the linear layers alone on M rows: `x[M, in] @ W.T` for every weight."""
+    xs = {w.shape[1]: torch.randn(m, w.shape[1], device=device, dtype=w.dtype) for w in weights}
+
+    def stack():
+        for w in weights:
+            torch.nn.functional.linear(xs[w.shape[1]], w)
+
+    with torch.no_grad():
+        return _time_graph(stack, device, reps=10 if device.type == "cuda" else 3)
+
+
+class Floors:
+    """Floors of one process (bandwidth and GEMM rate measured once, GEMM stacks per M)."""
+
+    def __init__(self, hf_model, draft, device: torch.device, dtype: torch.dtype):
+        self.device = device
+        self.copy_gbs = copy_bandwidth_gbs(device)
+        self.gemm_tflops = gemm_flops(device, dtype) / 1e12
+        self.weights = linear_weights(hf_model)
+        self.linear_params = sum(w.numel() for w in self.weights)
+        self.target_bytes = weight_bytes(hf_model, skip=hf_model.get_input_embeddings())
+        self.draft_bytes = weight_bytes(draft) if draft is not None else 0
+        cfg = hf_model.config
+        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # K and V of every layer: bytes per token of one row.
+        self.kv_bytes_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * hd * dtype.itemsize
+        self._stack: dict[int, float] = {}
+
+    def cell(self, context: int, batch: int, n: int) -> dict:
+        """Floors (ms) of one step at (context, batch, N) and the bytes they assume."""
+        m = batch * (n + 1)
+        if m not in self._stack:
+            self._stack[m] = gemm_stack_s(self.weights, m, self.device)
+        weights = self.target_bytes + (self.draft_bytes if n > 0 else 0)
+        kv = self.kv_bytes_per_token * batch * context
+        out = {"m_rows": m, "weights_gb": weights / 1e9, "kv_gb": kv / 1e9,
+               "memory_ms": (weights + kv) / (self.copy_gbs * 1e9) * 1e3,
+               "gemm_stack_ms": self._stack[m] * 1e3,
+               "compute_ms": 2 * self.linear_params * m / (self.gemm_tflops * 1e12) * 1e3}
+        out["floor_ms"] = max(out["memory_ms"], out["gemm_stack_ms"], out["compute_ms"])
+        return out
+
+
+# ---------------------------------------------------------------------------------- arms
+
+def _peak_start(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int) -> dict:
+    """Our AR (n = 0) or speculative step at N = n: per-step and per-phase medians (ms)."""
+    from dflash2.engine.generate import speculative_generate
+
+    out = speculative_generate(target, draft if n > 0 else None, ids, max_new_tokens=new_tokens,
+                               num_speculative_tokens=n if n > 0 else None, timing=True)
+    t = out.times
+    steps = len(t.verify)
+    if steps <= warmup_steps:
+        raise RuntimeError(f"only {steps} steps for --warmup-steps {warmup_steps}; raise --new-tokens")
+    draft_s = t.draft or [0.0] * steps
+    select_s = t.select or [0.0] * steps
+    per_step = [d + s + v for d, s, v in zip(draft_s, select_s, t.verify)][warmup_steps:]
+    med = lambda xs: statistics.median(xs[warmup_steps:]) * 1e3  # noqa: E731
+    return {"ms_step": statistics.median(per_step) * 1e3, "tokens_step": out.stats()["tau_pooled"],
+            "phases_ms": {"draft": med(draft_s), "select": med(select_s), "verify": med(t.verify)},
+            "extra": {"steps": steps, "prefill_ms": t.prefill * 1e3,
+                      "mean_wall_ms_step": (t.total - t.prefill) / steps * 1e3}}
+
+
+def run_hf(model, ids: torch.Tensor, new_tokens: int, compiled: bool, repeats: int) -> dict:
+    """HF `generate` per-step time: (t(new_tokens) - t(1)) / (new_tokens - 1), medians of `repeats`."""
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, eos_token_id=None)
+    if compiled:
+        from transformers import CompileConfig
+
+        kw.update(cache_implementation="static", compile_config=CompileConfig(mode="reduce-overhead"))
+    else:
+        kw.update(disable_compile=True)
+    device = ids.device
+
+    def gen(n: int) -> float:
+        _sync(device)
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        _sync(device)
+        return time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    gen(new_tokens)  # warm-up: compiles the decode forward for the compiled arm
+    warm_s = time.perf_counter() - t0
+    full = statistics.median(gen(new_tokens) for _ in range(repeats))
+    prefill = statistics.median(gen(1) for _ in range(repeats))
+    extra = {"generate_ms": full * 1e3, "prefill_ms": prefill * 1e3, "warmup_s": warm_s}
+    if compiled:
+        extra["compiled"] = hasattr(model, "_compiled_call")  # transformers' generate-time compile ran
+    return {"ms_step": (full - prefill) / (new_tokens - 1) * 1e3, "tokens_step": 1.0, "phases_ms": None,
+            "extra": extra}
+
+
+# ---------------------------------------------------------------------------------- ratios, tables
+
+def add_ratios(cells: list[dict]) -> None:
+    """Fill `tokens_s`, `x_hf_eager`, `x_hf_compile`, `x_floor` of every ok cell from raw ms/step."""
+    ok = {(c["context"], c["batch"], c["arm"]): c for c in cells if c["status"] == "ok"}
+    for c in cells:
+        c["tokens_s"] = c["x_hf_eager"] = c["x_hf_compile"] = c["x_floor"] = None
+        if c["status"] != "ok":
+            continue
+        c["tokens_s"] = c["batch"] * c["tokens_step"] / (c["ms_step"] / 1e3)
+        for key, arm in (("x_hf_eager", HF_EAGER), ("x_hf_compile", HF_COMPILE)):
+            ref = ok.get((c["context"], c["batch"], arm))
+            c[key] = ref["ms_step"] / c["ms_step"] if ref else None
+        if c.get("floors"):
+            c["x_floor"] = c["ms_step"] / c["floors"]["floor_ms"]
+
+
+def _f(x, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _arm_order(c: dict) -> tuple:
+    return ({HF_EAGER: 0, HF_COMPILE: 1}.get(c["arm"], 2), c["n"])
+
+
+def targets(cells: list[dict]) -> list[tuple[str, str, str]]:
+    """(target, measured, met | missed | not run) for the issue's targets (item 4)."""
+    ok = {(c["context"], c["batch"], c["arm"]): c for c in cells if c["status"] == "ok"}
+    rows = []
+
+    def check(label: str, key: tuple, value, ok_fn, fmt) -> None:
+        c = ok.get(key)
+        v = value(c) if c else None
+        rows.append((label, "-" if v is None else fmt(v), "not run" if v is None else ("met" if ok_fn(v) else "missed")))
+
+    ms = lambda c: c["ms_step"]  # noqa: E731
+    check("AR step, batch 1, context 512 <= 4.9 ms", (512, 1, OURS_AR), ms, lambda v: v <= 4.9, lambda v: f"{v:.2f} ms")
+    check("speculative step N=15, batch 1, context 512 <= 6.1 ms", (512, 1, arm_name(15)), ms, lambda v: v <= 6.1,
+          lambda v: f"{v:.2f} ms")
+    for arm in (OURS_AR, arm_name(15)):
+        check(f">= 6x faster per step than HF eager ({arm}, batch 1, context 512)", (512, 1, arm),
+              lambda c: c["x_hf_eager"], lambda v: v >= 6, lambda v: f"{v:.2f}x")
+    contexts = sorted({c["context"] for c in cells}) or [512]
+    for batch, n in ((8, 7), (32, 3)):
+        for ctx in contexts:
+            ar = ok.get((ctx, batch, OURS_AR))
+            check(f"spec step N={n} within 1.3x of AR step, batch {batch}, context {ctx}", (ctx, batch, arm_name(n)),
+                  lambda c, ar=ar: c["ms_step"] / ar["ms_step"] if ar else None, lambda v: v <= 1.3,
+                  lambda v: f"{v:.2f}x")
+    return rows
+
+
+def render(runs: list[dict]) -> str:
+    """Markdown: header (commands, device), one table per context, floors, targets."""
+    cells = [c for r in runs for c in r["cells"]]
+    add_ratios(cells)
+    m0 = runs[0]["meta"]
+    lines = ["# Engine benchmark (`python -m dflash2.engine.bench`)", ""]
+    for r in runs:
+        m = r["meta"]
+        lines.append(f"- part {m['part']}: `{m['command']}` ({m['wall_s']:.0f} s wall)")
+    lines += ["", f"Device: {m0['device_name']} | torch {m0['torch']} | transformers {m0['transformers']} | "
+              f"shape {m0['shape']} ({m0['shape_desc']}) | {m0['new_tokens']} new tokens per cell, median over "
+              f"steps after {m0['warmup_steps']} warm-up steps", "",
+              "ms/step: ours = median of synchronized draft + select + verify per step (commit is inside verify); "
+              "HF = (generate(n) - generate(1)) / (n - 1). x HF eager / x HF compile = that arm's ms/step over "
+              "this row's (> 1 = faster); x floor = ms/step over the largest floor of the cell (see Floors). "
+              "Our speculative arms use a random DFlash2 draft: tokens/step is as measured, not a drafter's.", ""]
+    for ctx in sorted({c["context"] for c in cells}):
+        lines += [f"## Context {ctx}", "",
+                  "| batch | arm | ms/step | tokens/step | tokens/s | x HF eager | x HF compile | x floor | "
+                  "draft / select / verify ms | peak GiB |", "|" + " --- |" * 10]
+        for c in sorted((c for c in cells if c["context"] == ctx), key=lambda c: (c["batch"], _arm_order(c))):
+            if c["status"] != "ok":
+                lines.append(f"| {c['batch']} | {c['arm']} | {c['status']} | | | | | | | |")
+                continue
+            ph = c["phases_ms"]
+            phases = "-" if ph is None else f"{ph['draft']:.2f} / {ph['select']:.2f} / {ph['verify']:.2f}"
+            peak = NA_CPU if c["peak_gib"] is None else f"{c['peak_gib']:.1f}"
+            lines.append(f"| {c['batch']} | {c['arm']} | {_f(c['ms_step'])} | {_f(c['tokens_step'])} | "
+                         f"{_f(c['tokens_s'], 1)} | {_f(c['x_hf_eager'])} | {_f(c['x_hf_compile'])} | "
+                         f"{_f(c['x_floor'])} | {phases} | {peak} |")
+        lines.append("")
+    lines += ["## Floors", ""]
+    for r in runs:
+        g = r["floors"]
+        lines.append(f"- part {r['meta']['part']}: copy bandwidth {_f(g['copy_gbs'], 0)} GB/s (read + write), GEMM "
+                     f"{_f(g['gemm_tflops'], 1)} TFLOP/s, target linear params {g['linear_params']:.4g}, "
+                     f"K/V {g['kv_bytes_per_token'] / 1e3:.1f} kB per token and row")
+    lines += ["", "| context | batch | arm | M rows | weights GB | K/V GB | memory ms | GEMM stack ms | compute ms |",
+              "|" + " --- |" * 9]
+    for c in sorted((c for c in cells if c.get("floors")), key=lambda c: (c["context"], c["batch"], _arm_order(c))):
+        f = c["floors"]
+        lines.append(f"| {c['context']} | {c['batch']} | {c['arm']} | {f['m_rows']} | {f['weights_gb']:.4g} | "
+                     f"{f['kv_gb']:.4g} | {f['memory_ms']:.3f} | {f['gemm_stack_ms']:.3f} | {f['compute_ms']:.3f} |")
+    lines += ["", f"## Targets (issue 7 item 4: {TARGET_DEVICE}, --shape {TARGET_SHAPE}; this run: "
+              f"{m0['device_name']}, --shape {m0['shape']})", "", "| target | measured | status |", "| --- | --- | --- |"]
+    lines += [f"| {a} | {b} | {s} |" for a, b, s in targets(cells)]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------- main
+
+def build_models(shape: str, device: torch.device, seed: int = 0):
+    """(TargetModel, draft) with random weights, built on `device` directly."""
+    from transformers import AutoModelForCausalLM
+
+    from dflash2.target import TargetModel
+
+    spec, draft_layers = SHAPES[shape]
+    dtype = getattr(torch, spec.dtype)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        hf = AutoModelForCausalLM.from_config(random_target_config(spec), dtype=dtype).eval()
+        target = TargetModel(hf)
+        target.requires_grad_(False)
+        draft = new_draft(DraftSpec(num_hidden_layers=draft_layers, block_size=MAX_N + 1), target, seed=seed)
+    draft = draft.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return target, draft
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m dflash2.engine.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--batch", type=_ints, default=[1, 8, 32])
+    p.add_argument("--context", type=_ints, default=[512, 4096], help="prompt tokens per row")
+    p.add_argument("--n", type=_ints, default=[1, 3, 7, 15], help=f"speculative tokens N, each in 1..{MAX_N}")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per cell (steps timed)")
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=1, help="HF arms: generate calls per timing (median)")
+    p.add_argument("--part", choices=["1", "2", "3", "all"], default="all")
+    p.add_argument("--arms", default="hf_eager,hf_compile,ours", help="subset of hf_eager,hf_compile,ours")
+    p.add_argument("--budget-s", type=float, default=540.0, help="wall seconds from start; later cells are skipped")
+    p.add_argument("--out", type=Path, help="Markdown file")
+    p.add_argument("--json", type=Path, help="raw numbers (JSON)")
+    p.add_argument("--merge", type=Path, nargs="+", help="render --out from these --json files; measure nothing")
+    a = p.parse_args(argv)
+    if a.merge:
+        if not a.out:
+            p.error("--merge needs --out FILE.md")
+        return a
+    bad = [n for n in a.n if n > MAX_N]
+    if bad:
+        p.error(f"--n {','.join(map(str, bad))}: N must be in 1..{MAX_N} (the draft block is {MAX_N + 1} slots)")
+    if a.warmup_steps < 0 or a.repeats < 1:
+        p.error("--warmup-steps must be >= 0 and --repeats >= 1")
+    if a.new_tokens < a.warmup_steps + 3:
+        p.error(f"--new-tokens {a.new_tokens}: needs at least --warmup-steps + 3 = {a.warmup_steps + 3} "
+                "(steps after warm-up to take a median of)")
+    unknown = set(a.arms.split(",")) - {"hf_eager", "hf_compile", "ours"}
+    if unknown:
+        p.error(f"--arms: unknown {sorted(unknown)}; use a subset of hf_eager,hf_compile,ours")
+    a.device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
+                            ("cpu" if a.device == "auto" else a.device))
+    if a.device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {a.device}: CUDA is not available here; use --device cpu --shape tiny")
+    if a.shape == "qwen3-8b" and a.device.type != "cuda":
+        p.error("--shape qwen3-8b needs a CUDA device (16 GB of bf16 weights); use --shape tiny on CPU")
+    a.grid = select_part(a.context, a.batch, a.part)
+    if not a.grid:
+        p.error(f"--part {a.part} selects no cell of --context {a.context} x --batch {a.batch} "
+                "(parts 2 and 3 need a second, larger context)")
+    if max(a.context) + a.new_tokens + MAX_N + 1 > SHAPES[a.shape][0].max_position_embeddings:
+        p.error(f"--context {max(a.context)} + --new-tokens {a.new_tokens} exceeds the model's positions")
+    return a
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    """Run the benchmark (or merge); writes `--out` / `--json` after every cell. Returns the run."""
+    args = parse_args(argv)
+    if args.merge:
+        runs = [json.loads(Path(p).read_text()) for p in args.merge]
+        args.out.write_text(render(runs))
+        print(f"wrote {args.out} from {len(runs)} runs", file=sys.stderr)
+        return None
+    from tqdm import tqdm
+    import transformers
+
+    t_start = time.perf_counter()
+    dev = args.device
+    spec, draft_layers = SHAPES[args.shape]
+    dtype = getattr(torch, spec.dtype)
+    target, draft = build_models(args.shape, dev)
+    floors = Floors(target.model, draft, dev, dtype)
+    arms = args.arms.split(",")
+    run = {"meta": {"command": "python -m dflash2.engine.bench " + shlex.join(argv if argv is not None else sys.argv[1:]),
+                    "part": args.part, "shape": args.shape,
+                    "shape_desc": f"{spec.num_hidden_layers} layers, H {spec.hidden_size}, I {spec.intermediate_size}, "
+                                  f"{spec.num_attention_heads}/{spec.num_key_value_heads} heads, hd {spec.head_dim}, "
+                                  f"V {spec.vocab_size}, {spec.dtype}, random weights; draft {draft_layers} layers",
+                    "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
+                    "torch": torch.__version__, "transformers": transformers.__version__,
+                    "new_tokens": args.new_tokens, "warmup_steps": args.warmup_steps, "wall_s": 0.0},
+           "floors": {"copy_gbs": floors.copy_gbs, "gemm_tflops": floors.gemm_tflops,
+                      "linear_params": floors.linear_params, "target_weight_bytes": floors.target_bytes,
+                      "draft_weight_bytes": floors.draft_bytes, "kv_bytes_per_token": floors.kv_bytes_per_token},
+           "cells": []}
+
+    def save() -> None:
+        run["meta"]["wall_s"] = time.perf_counter() - t_start
+        add_ratios(run["cells"])
+        if args.json:
+            args.json.write_text(json.dumps(run, indent=1))
+        if args.out:
+            args.out.write_text(render([run]))
+
+    plan = []  # (context, batch, kind, n): ours first (cheap), the compiled arm last (it compiles)
+    for ctx, batch in args.grid:
+        plan += [(ctx, batch, "ours", n) for n in ([0] + sorted(set(args.n))) if "ours" in arms]
+        plan += [(ctx, batch, k, 0) for k in ("hf_eager", "hf_compile") if k in arms]
+    last_s = dict(PRIOR_S) if dev.type == "cuda" else {}
+    gen = torch.Generator().manual_seed(0)
+    prompts: dict[tuple[int, int], torch.Tensor] = {}
+    for ctx, batch, kind, n in tqdm(plan, desc="engine bench", file=sys.stderr):
+        name = {"hf_eager": HF_EAGER, "hf_compile": HF_COMPILE}.get(kind, arm_name(n))
+        cell = {"context": ctx, "batch": batch, "arm": name, "n": n, "kind": kind, "part": args.part,
+                "status": "ok", "peak_gib": None, "floors": None}
+        elapsed = time.perf_counter() - t_start
+        if kind == "hf_compile" and dev.type != "cuda":
+            cell["status"] = NA_CPU  # reduce-overhead = CUDA graphs
+        elif elapsed + last_s.get(kind, 0.0) > args.budget_s:
+            cell["status"] = NOT_RUN_BUDGET
+        else:
+            if (ctx, batch) not in prompts:  # random ids (same for every arm of the cell)
+                prompts.clear()
+                prompts[ctx, batch] = torch.randint(0, spec.vocab_size, (batch, ctx), generator=gen).to(dev)
+            ids = prompts[ctx, batch]
+            t0 = time.perf_counter()
+            _peak_start(dev)
+            try:
+                if kind == "ours":
+                    res = run_ours(target, draft, ids, n, args.new_tokens, args.warmup_steps)
+                else:
+                    res = run_hf(target.model, ids, args.new_tokens, kind == "hf_compile", args.repeats)
+                cell.update(res, peak_gib=_peak_gib(dev), floors=floors.cell(ctx, batch, n))
+            except Exception as e:  # record and go on: one failing arm must not lose the others
+                traceback.print_exc()
+                cell["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            last_s[kind] = time.perf_counter() - t0
+            cell["cell_s"] = last_s[kind]
+        run["cells"].append(cell)
+        save()
+    save()
+    return run
+
+
+if __name__ == "__main__":
+    main()
