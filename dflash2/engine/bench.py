@@ -14,8 +14,10 @@ Per-step time: ours = median over the steps after `--warmup-steps` of draft + se
 from `speculative_generate(..., timing=True)` (the device is synchronized at every phase
 boundary; commit is inside verify). HF = (median time of `generate` for `--new-tokens` tokens
 - median time of `generate` for 1 token, i.e. the prefill) / (`--new-tokens` - 1), after one
-warm-up call (the compile for the compiled arm). Peak memory: `torch.cuda.max_memory_allocated`
-per cell (weights included).
+warm-up call (the compile for the compiled arm). The compiled cells run last in each call and
+keep transformers' defaults (a second batch size recompiles with a dynamic batch dimension), so
+their peak memory includes the CUDA-graph pools of the compiled cells before them. Peak memory:
+`torch.cuda.max_memory_allocated` per cell (weights included).
 
 Floors, measured in the same process: copy bandwidth (a device-to-device `copy_`, read + write);
 memory floor = (target weight bytes without the input embedding, plus the draft's for
@@ -122,6 +124,7 @@ def _time_graph(fn, device: torch.device, reps: int = 10) -> float:
     with torch.cuda.stream(side):  # warm-up outside the capture (cuBLAS handles, workspaces)
         fn()
     torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
@@ -306,7 +309,8 @@ def targets(cells: list[dict]) -> list[tuple[str, str, str]]:
     def check(label: str, key: tuple, value, ok_fn, fmt) -> None:
         c = ok.get(key)
         v = value(c) if c else None
-        rows.append((label, "-" if v is None else fmt(v), "not run" if v is None else ("met" if ok_fn(v) else "missed")))
+        status = "not run" if v is None else ("met" if ok_fn(v) else "missed")
+        rows.append((label, "-" if v is None else fmt(v), status))
 
     ms = lambda c: c["ms_step"]  # noqa: E731
     check("AR step, batch 1, context 512 <= 4.9 ms", (512, 1, OURS_AR), ms, lambda v: v <= 4.9, lambda v: f"{v:.2f} ms")
@@ -369,7 +373,8 @@ def render(runs: list[dict]) -> str:
         lines.append(f"| {c['context']} | {c['batch']} | {c['arm']} | {f['m_rows']} | {f['weights_gb']:.4g} | "
                      f"{f['kv_gb']:.4g} | {f['memory_ms']:.3f} | {f['gemm_stack_ms']:.3f} | {f['compute_ms']:.3f} |")
     lines += ["", f"## Targets (issue 7 item 4: {TARGET_DEVICE}, --shape {TARGET_SHAPE}; this run: "
-              f"{m0['device_name']}, --shape {m0['shape']})", "", "| target | measured | status |", "| --- | --- | --- |"]
+              f"{m0['device_name']}, --shape {m0['shape']})", "",
+              "| target | measured | status |", "| --- | --- | --- |"]
     lines += [f"| {a} | {b} | {s} |" for a, b, s in targets(cells)]
     return "\n".join(lines) + "\n"
 
@@ -460,7 +465,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     target, draft = build_models(args.shape, dev)
     floors = Floors(target.model, draft, dev, dtype)
     arms = args.arms.split(",")
-    run = {"meta": {"command": "python -m dflash2.engine.bench " + shlex.join(argv if argv is not None else sys.argv[1:]),
+    command = "python -m dflash2.engine.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
+    run = {"meta": {"command": command,
                     "part": args.part, "shape": args.shape,
                     "shape_desc": f"{spec.num_hidden_layers} layers, H {spec.hidden_size}, I {spec.intermediate_size}, "
                                   f"{spec.num_attention_heads}/{spec.num_key_value_heads} heads, hd {spec.head_dim}, "
@@ -481,13 +487,14 @@ def main(argv: list[str] | None = None) -> dict | None:
         if args.out:
             args.out.write_text(render([run]))
 
-    plan = []  # (context, batch, kind, n): ours first (cheap), the compiled arm last (it compiles)
+    # (context, batch, kind, n): ours and HF eager first, then every compiled cell, so the compiled
+    # arm's CUDA-graph pools (kept between its cells) never sit in the other arms' peak memory.
+    plan = []
     for ctx, batch in args.grid:
         plan += [(ctx, batch, "ours", n) for n in ([0] + sorted(set(args.n))) if "ours" in arms]
-        plan += [(ctx, batch, k, 0) for k in ("hf_eager", "hf_compile") if k in arms]
+        plan += [(ctx, batch, "hf_eager", 0)] if "hf_eager" in arms else []
+    plan += [(ctx, batch, "hf_compile", 0) for ctx, batch in args.grid if "hf_compile" in arms]
     last_s = dict(PRIOR_S) if dev.type == "cuda" else {}
-    gen = torch.Generator().manual_seed(0)
-    prompts: dict[tuple[int, int], torch.Tensor] = {}
     for ctx, batch, kind, n in tqdm(plan, desc="engine bench", file=sys.stderr):
         name = {"hf_eager": HF_EAGER, "hf_compile": HF_COMPILE}.get(kind, arm_name(n))
         cell = {"context": ctx, "batch": batch, "arm": name, "n": n, "kind": kind, "part": args.part,
@@ -498,10 +505,9 @@ def main(argv: list[str] | None = None) -> dict | None:
         elif elapsed + last_s.get(kind, 0.0) > args.budget_s:
             cell["status"] = NOT_RUN_BUDGET
         else:
-            if (ctx, batch) not in prompts:  # random ids (same for every arm of the cell)
-                prompts.clear()
-                prompts[ctx, batch] = torch.randint(0, spec.vocab_size, (batch, ctx), generator=gen).to(dev)
-            ids = prompts[ctx, batch]
+            # Random ids, the same for every arm (and part) of the cell.
+            gen = torch.Generator().manual_seed(ctx * 1000 + batch)
+            ids = torch.randint(0, spec.vocab_size, (batch, ctx), generator=gen).to(dev)
             t0 = time.perf_counter()
             _peak_start(dev)
             try:
@@ -518,6 +524,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         run["cells"].append(cell)
         save()
     save()
+    if not args.out:
+        print(render([run]))
     return run
 
 

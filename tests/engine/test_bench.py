@@ -1,0 +1,153 @@
+"""`python -m dflash2.engine.bench` on CPU with the tiny shape: the table has a row per requested
+(context, batch, arm), its ratios are the raw JSON's, budgets skip cells with a row, parts split
+the grid and merge back, targets are judged against their thresholds, bad arguments fail clearly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dflash2.engine import bench
+
+BASE = ["--shape", "tiny", "--device", "cpu", "--new-tokens", "6", "--warmup-steps", "2"]
+ARMS = [bench.HF_EAGER, bench.HF_COMPILE, bench.OURS_AR, "ours N=1", "ours N=3"]
+
+
+def table(md: str, ctx: int) -> dict[tuple[int, str], list[str]]:
+    """Rows of the `## Context ctx` table keyed by (batch, arm), cells as strings."""
+    lines = md.split(f"## Context {ctx}\n", 1)[1].split("\n\n", 1)[0].splitlines()[3:]
+    rows = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[int(cells[0]), cells[1]] = cells[2:]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    run = bench.main(BASE + ["--batch", "1,2", "--context", "8,24", "--n", "1,3",
+                             "--out", str(d / "a.md"), "--json", str(d / "a.json")])
+    return (d / "a.md").read_text(), json.loads((d / "a.json").read_text()), run
+
+
+def test_rows_ratios_and_floors_match_raw_json(full_run):
+    md, raw, run = full_run
+    assert raw["cells"] == json.loads(json.dumps(run["cells"]))
+    assert "python -m dflash2.engine.bench --shape tiny --device cpu" in md.split("## Context")[0]
+    assert "Device: CPU" in md
+    cells = {(c["context"], c["batch"], c["arm"]): c for c in raw["cells"]}
+    assert len(cells) == len(raw["cells"]) == 2 * 2 * len(ARMS)
+    for ctx in (8, 24):
+        rows = table(md, ctx)
+        assert set(rows) == {(b, a) for b in (1, 2) for a in ARMS}
+        for (batch, arm), cols in rows.items():
+            c = cells[ctx, batch, arm]
+            if arm == bench.HF_COMPILE:
+                assert c["status"] == cols[0] == bench.NA_CPU
+                continue
+            assert c["status"] == "ok"
+            ms, tok_step, tok_s, x_eager, x_compile, x_floor, phases, peak = cols
+            hf = cells[ctx, batch, bench.HF_EAGER]["ms_step"]
+            assert float(ms) == pytest.approx(c["ms_step"], abs=0.006)
+            assert float(tok_s) == pytest.approx(batch * c["tokens_step"] / c["ms_step"] * 1e3, abs=0.06)
+            assert float(x_eager) == pytest.approx(hf / c["ms_step"], abs=0.006)
+            assert x_compile == "-" and peak == bench.NA_CPU
+            f = c["floors"]
+            assert f["m_rows"] == batch * (c["n"] + 1)
+            assert f["floor_ms"] == max(f["memory_ms"], f["gemm_stack_ms"], f["compute_ms"]) > 0
+            assert float(x_floor) == pytest.approx(c["ms_step"] / f["floor_ms"], abs=0.006)
+            if arm.startswith("ours N="):
+                d, s, v = (float(x) for x in phases.split(" / "))
+                assert d > 0 and s > 0 and v > 0 and d + s + v >= float(ms) * 0.5
+                assert f["weights_gb"] > cells[ctx, batch, bench.OURS_AR]["floors"]["weights_gb"]  # + draft
+                assert c["tokens_step"] >= 1.0
+            else:
+                assert tok_step == "1.00"
+    g = raw["floors"]
+    assert g["copy_gbs"] > 0 and g["gemm_tflops"] > 0
+    assert "## Targets" in md and "| AR step, batch 1, context 512 <= 4.9 ms | - | not run |" in md
+
+
+def test_budget_skips_cells_with_rows(tmp_path):
+    run = bench.main(BASE + ["--batch", "1", "--context", "8", "--n", "1", "--budget-s", "0",
+                             "--out", str(tmp_path / "b.md")])
+    status = {c["arm"]: c["status"] for c in run["cells"]}
+    assert status == {bench.OURS_AR: bench.NOT_RUN_BUDGET, "ours N=1": bench.NOT_RUN_BUDGET,
+                      bench.HF_EAGER: bench.NOT_RUN_BUDGET, bench.HF_COMPILE: bench.NA_CPU}
+    rows = table((tmp_path / "b.md").read_text(), 8)
+    assert rows[1, "ours N=1"][0] == rows[1, bench.HF_EAGER][0] == bench.NOT_RUN_BUDGET
+
+
+def test_parts_split_the_grid_and_merge(tmp_path):
+    assert bench.select_part([512, 4096], [1, 8, 32], "1") == [(512, 1), (512, 8), (512, 32)]
+    assert bench.select_part([512, 4096], [1, 8, 32], "2") == [(4096, 1), (4096, 8)]
+    assert bench.select_part([512, 4096], [1, 8, 32], "3") == [(4096, 32)]
+    assert len(bench.select_part([512, 4096], [1, 8, 32], "all")) == 6
+    common = BASE + ["--batch", "1,2", "--context", "8,16", "--n", "1", "--arms", "ours"]
+    for part in ("1", "2", "3"):
+        bench.main(common + ["--part", part, "--json", str(tmp_path / f"p{part}.json")])
+    bench.main(["--merge", *(str(tmp_path / f"p{p}.json") for p in "123"), "--out", str(tmp_path / "m.md")])
+    md = (tmp_path / "m.md").read_text()
+    assert set(table(md, 8)) == {(b, a) for b in (1, 2) for a in (bench.OURS_AR, "ours N=1")}
+    assert set(table(md, 16)) == {(b, a) for b in (1, 2) for a in (bench.OURS_AR, "ours N=1")}
+    assert md.count("--part") == 3 and all(f"- part {p}:" in md for p in "123")
+
+
+def test_targets_are_judged_against_their_thresholds():
+    def cell(ctx, batch, arm, ms):
+        return {"context": ctx, "batch": batch, "arm": arm, "n": 0, "status": "ok", "ms_step": ms,
+                "tokens_step": 1.0}
+    cells = [cell(512, 1, bench.OURS_AR, 4.0), cell(512, 1, "ours N=15", 6.5), cell(512, 1, bench.HF_EAGER, 30.0),
+             cell(512, 8, bench.OURS_AR, 10.0), cell(512, 8, "ours N=7", 12.9),
+             cell(512, 32, bench.OURS_AR, 10.0), cell(512, 32, "ours N=3", 13.1)]
+    bench.add_ratios(cells)
+    got = {label: (measured, status) for label, measured, status in bench.targets(cells)}
+    assert got["AR step, batch 1, context 512 <= 4.9 ms"] == ("4.00 ms", "met")
+    assert got["speculative step N=15, batch 1, context 512 <= 6.1 ms"] == ("6.50 ms", "missed")
+    assert got[">= 6x faster per step than HF eager (ours AR, batch 1, context 512)"] == ("7.50x", "met")
+    assert got[">= 6x faster per step than HF eager (ours N=15, batch 1, context 512)"] == ("4.62x", "missed")
+    assert got["spec step N=7 within 1.3x of AR step, batch 8, context 512"] == ("1.29x", "met")
+    assert got["spec step N=3 within 1.3x of AR step, batch 32, context 512"] == ("1.31x", "missed")
+    cells[0]["status"] = bench.NOT_RUN_BUDGET
+    bench.add_ratios(cells)
+    assert bench.targets(cells)[0][2] == "not run"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n", "1,16"], "N must be in 1..15"),
+    (["--shape", "qwen3-9b"], "invalid choice: 'qwen3-9b'"),
+    (["--context", "512", "--part", "2"], "--part 2 selects no cell"),
+    (["--new-tokens", "4"], "--new-tokens 4: needs at least"),
+    (["--batch", "0"], "expected positive integers"),
+    (["--arms", "ours,vllm"], "--arms: unknown ['vllm']"),
+])
+def test_bad_arguments_fail_with_a_clear_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--shape", "tiny", "--device", "cpu", *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_qwen3_8b_needs_cuda(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--shape", "qwen3-8b", "--device", "cpu"])
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_every_arm_runs_on_cuda(tmp_path):
+    """The CUDA-only parts (compiled HF arm, CUDA-graph GEMM stack, peak memory) on the tiny shape:
+    a quick check on the device before the Qwen3-8B calls."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    run = bench.main(["--shape", "tiny", "--device", "cuda", "--batch", "1,2", "--context", "16", "--n", "1,15",
+                      "--new-tokens", "8", "--json", str(tmp_path / "g.json"), "--out", str(tmp_path / "g.md")])
+    for c in run["cells"]:
+        assert c["status"] == "ok", (c["arm"], c["status"])
+        assert c["peak_gib"] > 0 and c["floors"]["gemm_stack_ms"] > 0
+    compiled = [c for c in run["cells"] if c["arm"] == bench.HF_COMPILE]
+    assert compiled and all(c["extra"]["compiled"] for c in compiled)
+    assert all(c["x_hf_compile"] is not None for c in run["cells"])
