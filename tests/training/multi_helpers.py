@@ -12,6 +12,7 @@ Same target, data and draft as `tests.training.distill_helpers` (whose `run` fix
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -30,7 +31,12 @@ def run(out_dir, *, resume: bool = False, distributed: str = "auto", accelerator
     cfg.resume = resume
     cfg.logger = LoggerSpec(mode="disabled")
     cfg.hardware.distributed = distributed
-    prepare_output_dir(out_dir, resume)
+    # As dflash2.training.run does: only the main process checks and creates the run directory
+    # (each rank doing it raced: one rank's writability probe made the directory look non-empty
+    # to the other). The rank comes from the launcher's environment: creating accelerate's state
+    # here, before the Distiller's `Accelerator(cpu=True)`, would set it up differently.
+    if int(os.environ.get("RANK", "0")) == 0:
+        prepare_output_dir(out_dir, resume)
     d = Distiller(cfg, tiny_target(), None, synthetic_data(), out_dir, accelerator=accelerator)
     d.final = d.fit()
     print(f"rank {d.acc.process_index} of {d.acc.num_processes}: {d.mode}", flush=True)
