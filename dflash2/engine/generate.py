@@ -112,6 +112,10 @@ def _check_valid(bad: list[bool], what: str, step: int) -> None:
         )
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def _prefill_rows(tgt: TargetModel, rows: list[torch.Tensor], cache: StaticTargetCache, layer_ids: list[int],
                   p_max: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Exact-mode prefill: each prompt alone (a batch of one at its own length, written into
@@ -130,7 +134,6 @@ def _prefill_rows(tgt: TargetModel, rows: list[torch.Tensor], cache: StaticTarge
         logits.append(out.logits[:, -1:])
         if out.features is not None:
             feats.append(torch.nn.functional.pad(out.features, (0, 0, 0, p_max - n)))
-    cache.prepare(torch.zeros(len(rows), 0, dtype=torch.long, device=device))  # back to whole-batch forwards
     return torch.cat(logits), (torch.cat(feats) if feats else None)
 
 
@@ -237,7 +240,7 @@ def speculative_generate(
     if exact:
         # One K/V length for every call whose rows fit the same bucket, so a row sees the same
         # attention shapes alone and in any batch (the kernel is tail-invariant as well).
-        max_len = -(-max_len // EXACT_KV_BUCKET) * EXACT_KV_BUCKET
+        max_len = _round_up(max_len, EXACT_KV_BUCKET)
     trash = max_len  # a column of `tokens` that absorbs masked writes
     tokens = torch.zeros(bsz, max_len + 1, dtype=torch.long, device=device)
     for b, r in enumerate(rows):
@@ -269,14 +272,14 @@ def speculative_generate(
 
     with static_attention(tgt.model), exact_attention(exact):
         t_start = clock()
-        # ---- prefill: prompts right-padded; padding sits at slots the rows overwrite later.
-        ids = torch.zeros(bsz, p_max, dtype=torch.long, device=device)
-        for b, r in enumerate(rows):
-            ids[b, : r.numel()] = r.to(device)
         pos = torch.arange(p_max, device=device)[None].expand(bsz, p_max)
         if exact:
             first_logits, prefill_features = _prefill_rows(tgt, rows, cache, layer_ids, p_max)
         else:
+            # ---- prefill: prompts right-padded; padding sits at slots the rows overwrite later.
+            ids = torch.zeros(bsz, p_max, dtype=torch.long, device=device)
+            for b, r in enumerate(rows):
+                ids[b, : r.numel()] = r.to(device)
             last = plens - 1
             keep, where_kept = torch.unique(last, return_inverse=True)
             cache.prepare(pos, kv_len=p_max)
@@ -325,7 +328,7 @@ def speculative_generate(
             else:
                 kv_len = max(p + g - 1 for p, g in zip(plen_host, gen_host)) + n_spec + 1
                 if kv_bucket:
-                    kv_len = -(-kv_len // kv_bucket) * kv_bucket  # a new attention shape every bucket only
+                    kv_len = _round_up(kv_len, kv_bucket)  # a new attention shape every bucket only
                 cache.prepare(pos_w, kv_len=kv_len)
                 out = tgt(block, position_ids=pos_w, past_key_values=cache, layer_ids=layer_ids)
                 all_logits, feats = out.logits, out.features
