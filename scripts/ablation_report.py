@@ -64,7 +64,7 @@ def load_run(path: Path, notes: list[str]) -> dict | None:
     except (OSError, ValueError) as e:  # a damaged run is reported, the others still render
         notes.append(f"{path.name}: unreadable ({e}); shown as not run")
         return None
-    return {"summary": summary, "records": records or None}
+    return {"summary": summary, "records": records or None, "finished": summ.is_file()}
 
 
 def load_metrics(runs: Path, ckpt: str) -> list[dict] | None:
@@ -218,6 +218,37 @@ def train_time_s(rows: list[dict], batch_size: int) -> float | None:
 
 
 # ------------------------------------------------------------------------------ tables
+
+
+def coverage_table(runs: dict, temps: list[float], datasets: list[str]) -> tuple[list[str], list[list[str]]]:
+    """What each eval run holds: finished (it wrote summary.json) or cut short, and per dataset the
+    number of samples every arm of the run has a record for, split by MT-Bench turn where present."""
+    header = ["run", "finished", "arms", *datasets]
+    rows = []
+    for ck in CHECKPOINTS:
+        for t in temps:
+            r = runs.get((ck, t))
+            name = f"eval_{ck}_T{_t(t)}"
+            if r is None:
+                rows.append([name, NOT_RUN, "", *[""] * len(datasets)])
+                continue
+            recs = r["records"] or []
+            arms = sorted({x["arm"] for x in recs})
+            have: dict[str, set] = {}
+            for x in recs:
+                have.setdefault(x["arm"], set()).add(x["sample_id"])
+            paired = set.intersection(*have.values()) if have else set()
+            cells = []
+            for d in datasets:
+                ids = [i for i in paired if i.split("/")[0] == d]
+                turns = sorted({i.rsplit("/", 1)[-1] for i in ids if i.rsplit("/", 1)[-1].startswith("turn")})
+                if len(turns) > 1 or (turns and d == "mt_bench"):
+                    per = {tn: sum(1 for i in ids if i.endswith("/" + tn)) for tn in ("turn1", "turn2")}
+                    cells.append(f"{len(ids)} ({per['turn1']} turn 1, {per['turn2']} turn 2)")
+                else:
+                    cells.append(str(len(ids)))
+            rows.append([name, "yes" if r.get("finished") else "cut short", ", ".join(arms), *cells])
+    return header, rows
 
 
 def per_arm_table(runs: dict, t: float, datasets: list[str], n: int) -> tuple[list[str], list[list[str]]]:
@@ -544,6 +575,10 @@ def build(runs_dir: Path, out: Path, figures: Path, prefix: str = "ablation_", n
           "elsewhere); accuracy: Wilson. Speedup = AR wall time / arm wall time in the same process.", ""]
     md += [f"- not run / missing: {', '.join(missing)}" if missing else "- all runs present"]
     md += [f"- note: {x}" for x in notes] + [""]
+    c_header, c_rows = coverage_table(runs, temps, datasets)
+    md += ["## Coverage (samples with a record from every arm of the run)", "", _md_table(c_header, c_rows), "",
+           "A run cut short by its time limit keeps the records it finished; the samples run in order "
+           "(datasets in turn, MT-Bench second turns last), so later datasets are the ones short.", ""]
     for t in temps:
         h, rows = per_arm_table(runs, t, datasets, n)
         md += [f"## Per checkpoint, arm and dataset, T={_t(t)}", "", _md_table(h, rows), ""]

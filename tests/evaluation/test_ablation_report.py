@@ -231,3 +231,26 @@ def test_empty_runs_dir_still_renders(tmp_path):
     with pytest.raises(FileNotFoundError, match="--runs"):
         _load().main(["--runs", str(tmp_path / "nope"), "--out", str(tmp_path / "R.md"), "--figures",
                       str(tmp_path / "fig")])
+
+
+def test_coverage_counts_samples_every_arm_has_and_flags_cut_runs(runs, built, tmp_path):
+    """Finished runs count every paired sample; a run cut short (records, no summary.json) is
+    flagged and counts only samples for which every arm has a record."""
+    _, md = built
+    assert _row(md, "eval_v1_T0", "yes")[3:6] == ["10", "10", "10 (10 turn 1, 0 turn 2)"]
+    assert _row(md, "eval_conv_T1")[1] == "not run"
+    recs = synthetic_records(n_per_dataset=4, ns=(7,), seed=5)
+    # cut short: the spec arm never reached the last two MT-Bench items, an MT-Bench turn 2 has AR only
+    drop = {"mt_bench/83/turn1", "mt_bench/84/turn1"}
+    recs = [r for r in recs if not (r["arm"] != "ar" and r["sample_id"] in drop)]
+    recs.append({**next(r for r in recs if r["sample_id"] == "mt_bench/81/turn1" and r["arm"] == "ar"),
+                 "sample_id": "mt_bench/81/turn2"})
+    recs.append({**next(r for r in recs if r["sample_id"] == "mt_bench/81/turn1" and r["arm"] != "ar"),
+                 "sample_id": "mt_bench/81/turn2"})
+    root = tmp_path / "runs"
+    (root / "eval_dflash2_T0").mkdir(parents=True)
+    (root / "eval_dflash2_T0" / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    _load().main(["--runs", str(root), "--out", str(tmp_path / "R.md"), "--figures", str(tmp_path / "fig"),
+                  "--n-resamples", "50"])
+    row = _row((tmp_path / "R.md").read_text(), "eval_dflash2_T0")
+    assert row[1:6] == ["cut short", "ar, dflash2@N=7", "4", "4", "3 (2 turn 1, 1 turn 2)"]
