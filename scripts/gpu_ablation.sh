@@ -7,6 +7,8 @@
 #   PHASE=train OUT=DIR bash scripts/gpu_ablation.sh   # regenerate GSM8K-train answers, train 3 arms (parallel)
 #   PHASE=eval  OUT=DIR bash scripts/gpu_ablation.sh   # 3 arms x {T=0, T=1} + the N sweep (parallel)
 #   DRY_RUN=1 PHASE=train|eval OUT=DIR bash ...       # the same pipeline on this CPU, tiny budgets
+#   Knobs: LIMIT (items per dataset, 500: GSM8K 500, all of HumanEval and MT-Bench), EVAL_BATCH (128),
+#   STEPS, NPROMPTS, TRAIN_GPUS, EVAL_GPUS, TRAIN_BUDGET_S, EVAL_BUDGET_S.
 #
 # Work lives in ./.ablation (ignored; a warm device machine keeps it between back-to-back calls);
 # what the docs need goes to $OUT as ablation_train.tgz / ablation_eval.tgz (at most 8 files come
@@ -29,7 +31,7 @@ else
   source scripts/device_env.sh  # (it sets GGUF to its own default path)
   GGUF=${GGUF_GIVEN:-$PWD/.gguf/SmolLM2-135M-Instruct.Q4_1.gguf}
   HW="hardware=gpu"
-  STEPS=${STEPS:-1500}; NPROMPTS=${NPROMPTS:-3000}; LIMIT=${LIMIT:-100}; NEW=${NEW:-256}; SWEEP_LIMIT=${SWEEP_LIMIT:-64}
+  STEPS=${STEPS:-1500}; NPROMPTS=${NPROMPTS:-3000}; LIMIT=${LIMIT:-500}; NEW=${NEW:-256}; SWEEP_LIMIT=${SWEEP_LIMIT:-64}
   RBS=512; TBS=8; ANCH=128; SEQ=512; CKPT=250; HELD=16; EVP=8; EVNEW=96; SWEEP="[1,2,3,5,7,10,15]"
 fi
 read -r -a TGPUS <<< "${TRAIN_GPUS:-${TRAIN_GPU:-0}}"  # GPU of each arm in turn (dflash2, conv, v1), cycled
@@ -76,7 +78,9 @@ fi
 
 if [ "${PHASE}" = eval ]; then
   t0=$(date +%s)
-  E="experiment=smollm2_gpu $T max_new_tokens=$NEW batch_size=32 data.limit=$LIMIT stats.n_resamples=2000"
+  # The eager loop is launch-bound: a step costs about the same at batch 32 and 128, so a big batch
+  # is what fits the full datasets in one call (2026-11-30: batch 32, limit 100 ran ~2 samples x arms/s per run).
+  E="experiment=smollm2_gpu $T max_new_tokens=$NEW batch_size=${EVAL_BATCH:-128} data.limit=$LIMIT stats.n_resamples=2000"
   i=0
   job() {  # output dir name, overrides...: one eval/run.py process on the next GPU of $EVAL_GPUS
     local name=$1; shift

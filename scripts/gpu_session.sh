@@ -11,10 +11,13 @@
 #           2 -> 1 GPU checkpoint resume (1 GPU, DDP, the DDP checkpoint resumed on 1 GPU; 12
 #           steps, about 5 minutes: each launch builds the 8B-shaped target)
 #   CALL=2: carry .whl shared .gguf_b   assemble the GGUF; regenerate, train the three ablation
-#           arms (dflash2 and v1 on GPU 0, conv on GPU 1); then, if at least 150 s of the call are
-#           left, the sharded evaluation check on both GPUs (trained DFlash2 draft)
-#   CALL=3: carry .whl shared           the sharded check if CALL=2 had no time for it, then the
-#           ablation's evaluation jobs over both GPUs with the rest of the call
+#           arms (dflash2 and v1 on GPU 0, conv on GPU 1); then, with SHARDED=1 and at least 150 s
+#           of the call left, the sharded evaluation check on both GPUs (trained DFlash2 draft)
+#   CALL=3: carry .whl shared           with SHARDED=1 the sharded check if CALL=2 had no time for
+#           it; then the ablation's evaluation jobs over both GPUs with the rest of the call
+#   (2026-11-30: CALL=0 RESUME_CHECK=1, 2, 3 ran in that order; the sharded check with the trained
+#   SmolLM2 draft ran out of its budget in exact mode, so it was re-run on a random Qwen3-0.6B
+#   target: docs/MULTI_GPU.md)
 #   CALL=5: carry .whl shared           the exact-mode GPU tests (issue 7) on one GPU
 #   CALL=4: carry .whl shared .gguf_b   what ran on 2026-11-30: CALL=2's training and CALL=3's
 #           evaluation in one call; too tight for 10 minutes (the arms need 3-5 minutes, the
@@ -68,13 +71,13 @@ case $CALL in
   echo "train phase rc=$? after $((SECONDS - START)) s"
   tail -n 16 $OUT/train_phase.log
   left=$((565 - (SECONDS - START)))
-  if [ -d $ABL_DIR/dflash2/final ] && (( left >= 150 )); then
+  if [ "${SHARDED:-0}" = 1 ] && [ -d $ABL_DIR/dflash2/final ] && (( left >= 150 )); then
     sharded $((left < 220 ? left : 220)); cat $OUT/sharded_eval.md 2>/dev/null
   fi
   ;;
 3)
   device_env
-  [ -d $ABL_DIR/dflash2/final ] && [ ! -f /tmp/sharded_done ] && sharded 200
+  [ "${SHARDED:-0}" = 1 ] && [ -d $ABL_DIR/dflash2/final ] && [ ! -f /tmp/sharded_done ] && sharded 200
   EVAL_GPUS="0 1" EVAL_BUDGET_S=$((570 - (SECONDS - START))) PHASE=eval OUT=$OUT bash scripts/gpu_ablation.sh \
     > $OUT/eval_phase.log 2>&1
   echo "eval phase rc=$? after $((SECONDS - START)) s"
