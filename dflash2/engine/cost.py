@@ -425,9 +425,14 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
     (N = 0) and that kind's arms; (3) the acceptance profile of its calibration arm with the
     largest N; (4) per predicted arm: steady-state `Prediction`, and the end-to-end speedup the
     reports measure, `sum_g (o + S_g(0) c(B,0)) / sum_g (o + S_g(N) c(B,N))` over the AR arm's
-    generations g, with `S_g(N) = (max_rows (tokens - 1) + (E - 1) / 2) / E(N)` expected steps
-    (the token after prefill is not a step; the last step overshoots by (E - 1) / 2 tokens on
-    average; batch stragglers, rows finishing after the others, are ignored).
+    generations g, with `S_g(N) = max_rows ((tokens - 1) + (E_r - 1) / 2) / E_r(N)` expected
+    steps: a batch steps until its slowest row is done, and each row r has its own E_r from its
+    own acceptance profile (its record in that calibration arm; the pooled profile where it has
+    none). The token after prefill is not a step; the last step overshoots by (E - 1) / 2 tokens
+    on average. With the pooled E for every row, batch-32 GSM8K runs on the H200 were predicted
+    25-40% too few steps (docs/RESULTS.md); per-row profiles matched the measured step counts.
+    (5) `best_n` per kind: the N with the highest predicted decode tokens/s (`N`) and the N with
+    the highest predicted end-to-end speedup over the AR arm's generations (`N_end_to_end`).
 
     Args:
         records: the records contract (`records.md`); `batch_size` and `prompt_tokens` are used
@@ -493,10 +498,12 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
     ar_by_sample = {r["sample_id"]: r for r in by_arm[ar]}
     c_ctx, ar_gens = ctx[ar], gens[ar]
 
-    def wall(c: float, e_tok: float) -> float:
-        """Predicted wall time over the AR arm's generations at E tokens/step and c s/step; the
-        last step overshoots what a row still needs by (E - 1) / 2 tokens on average."""
-        return sum(overhead + c * (max(max(len(r["tokens"] or []) - 1, 0) for r in g) + (e_tok - 1) / 2) / e_tok
+    def wall(c: float, e_of) -> float:
+        """Predicted wall time over the AR arm's generations at c s/step, where `e_of(sample_id)`
+        is that row's expected tokens per step: a generation lasts as many steps as its slowest
+        row needs, and a row's last step overshoots what it still needs by (E - 1) / 2 tokens."""
+        return sum(overhead + c * max((max(len(r["tokens"] or []) - 1, 0) + (e_of(r["sample_id"]) - 1) / 2)
+                                      / e_of(r["sample_id"]) for r in g)
                    for g in ar_gens)
 
     # One step-cost model per arm kind (an oracle step has no draft forward, a dflash2 step has
@@ -516,6 +523,22 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
         prof = AcceptanceProfile.from_accepted([r["accepted"] for r in by_arm[top]], info[top][1], source=key(top))
         out["profiles"][fam] = {"source": prof.source, "conditional": list(prof.conditional),
                                 "unconditional": prof.unconditional}
+        row_prof = {r["sample_id"]: AcceptanceProfile.from_accepted([r["accepted"]], info[top][1])
+                    for r in by_arm[top] if r["accepted"]}
+
+        def e_rows(n: int):
+            """sample_id -> that row's expected tokens per step at N = n (pooled without a profile)."""
+            pooled, memo = prof.extended(n).expected_tokens(n), {}
+
+            def e_of(sid: str) -> float:
+                if sid not in memo:
+                    rp = row_prof.get(sid)
+                    memo[sid] = rp.extended(n).expected_tokens(n) if rp is not None and n > 0 else (
+                        pooled if n > 0 else 1.0)
+                return memo[sid]
+            return e_of
+
+        ar_wall = wall(model.predict(batch, 0, c_ctx), e_rows(0))
         targets = [a for a, (k, _) in info.items() if k == kind or (k == "ar" and key(a) not in out["arms"])]
         for arm in sorted(targets, key=lambda a: info[a][1]):
             if pred is not None and arm not in pred and key(arm) not in pred:
@@ -523,7 +546,7 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
             n = info[arm][1]
             p = predict_speedup(model, prof.extended(n), batch, n, c_ctx)
             e = p.expected_tokens_per_step
-            e2e = wall(p.ar_step_s, 1.0) / wall(p.step_s, e)
+            e2e = ar_wall / wall(p.step_s, e_rows(n))
             pairs = [(ar_by_sample[r["sample_id"]], r) for r in by_arm[arm] if r["sample_id"] in ar_by_sample]
             w_ar, w_x = sum(float(a["wall_s"]) for a, _ in pairs), sum(float(x["wall_s"]) for _, x in pairs)
             acc = [a for r in by_arm[arm] for a in r["accepted"]]
@@ -541,9 +564,12 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
             if n > 0:
                 out["predictions"][k] = e2e
         best, preds = best_num_speculative_tokens(model, prof, batch, c_ctx)
+        e2e_by_n = {q.n: ar_wall / wall(q.step_s, e_rows(q.n)) for q in preds}
         out["best_n"][fam] = {
             "N": best, "batch": batch, "ctx": c_ctx, "calibrated_N": cal_n,
             "predicted_decode_tokens_per_s": {str(q.n): q.tokens_per_s for q in preds},
+            "N_end_to_end": max(e2e_by_n, key=lambda n: (e2e_by_n[n], -n)),
+            "predicted_end_to_end_speedup": {str(n): v for n, v in e2e_by_n.items()},
             "note": ("within the calibrated N range" if cal_n[0] <= best <= cal_n[-1] else
                      f"outside the calibrated N range {cal_n[0]}..{cal_n[-1]}: step cost extrapolated linearly")}
 
@@ -571,8 +597,10 @@ def for_report(records: list[dict]) -> tuple[dict, dict[str, float] | None]:
     parts = [f"{a} {v['predicted_speedup']:.2f}/{v['measured_speedup']:.2f}" for a, v in res["arms"].items()
              if v["arm_kind"] != "ar" and v["measured_speedup"] is not None]
     best = ", ".join(f"{k}: N={v['N']}" for k, v in res["best_n"].items())
+    best_e2e = ", ".join(f"{k}: N={v['N_end_to_end']}" for k, v in res["best_n"].items())
     res["note"] = (f"cost model ({'in-sample' if res['in_sample'] else 'out-of-sample'}): predicted/measured "
-                   f"speedup {', '.join(parts)}; best N by predicted decode tokens/s: {best}")
+                   f"speedup {', '.join(parts)}; best N by predicted decode tokens/s: {best}; "
+                   f"by predicted end-to-end speedup: {best_e2e}")
     return res, res["predictions"] or None
 
 

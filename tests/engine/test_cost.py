@@ -196,3 +196,61 @@ def test_eval_report_rebuild_writes_cost_model(tmp_path):
     assert any(n.startswith("cost model (in-sample)") for n in summary["notes"])
     assert (tmp_path / "plots" / "predicted_vs_measured_speedup.png").is_file()
     assert "cost model (in-sample)" in (tmp_path / "report.md").read_text()
+
+
+def _batched_records(batch: int = 4, n_batches: int = 6, ns=(1, 3, 7, 15), seed: int = 0) -> list[dict]:
+    """Batches whose rows differ in acceptance (half the rows accept each slot w.p. 0.9, half w.p.
+    0.2): a batch steps until its slowest row is done, and the runner splits the batch's wall time
+    (2 ms + c(N) per step) evenly over its rows, as `EvalRunner` does."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for g in range(n_batches):
+        rows = [(f"gsm8k/{g * batch + i:04d}", 0.9 if i % 2 == 0 else 0.2, int(rng.integers(60, 120)))
+                for i in range(batch)]
+        for arm, kind, n in [("ar", "ar", 0)] + [(f"dflash2@N={n}", "spec", n) for n in ns]:
+            accepted = {}
+            for sid, alpha, length in rows:
+                acc, made = [], 1
+                while made < length:
+                    a = 0
+                    while n and a < n and rng.random() < alpha:
+                        a += 1
+                    acc.append(a)
+                    made += a + 1
+                accepted[sid] = acc
+            steps = max(len(a) for a in accepted.values())
+            wall = (2e-3 + steps * (1e-3 + 5e-5 * n)) / batch
+            for sid, _, length in rows:
+                recs.append({"arm": arm, "arm_kind": kind, "num_speculative_tokens": n, "temperature": 0.0,
+                             "sample_id": sid, "prompt_tokens": 30, "tokens": list(range(length)),
+                             "wall_s": wall, "steps": len(accepted[sid]), "accepted": accepted[sid],
+                             "batch_size": batch})
+    return recs
+
+
+def test_end_to_end_prediction_counts_batch_stragglers():
+    """A batch lasts as long as its slowest row: with per-row acceptance profiles the predicted
+    end-to-end speedup matches the measured one; the pooled profile for every row (the old
+    formula) would over-predict it badly, so the check is not trivial."""
+    recs = _batched_records()
+    res = cost.from_records(recs, calibrate_arms=["ar", "dflash2@N=1", "dflash2@N=3", "dflash2@N=15"])
+    assert res["step_cost"]["T=0"]["batch"] == 4
+    prof = AcceptanceProfile(tuple(res["profiles"]["spec|T=0"]["conditional"]))
+    for arm in ("dflash2@N=3", "dflash2@N=7", "dflash2@N=15"):
+        v = res["arms"][arm]
+        assert v["predicted_speedup"] == pytest.approx(v["measured_speedup"], rel=0.08), arm
+        # what one pooled E per row predicts: a batch of B rows needs max(tokens - 1) / E steps
+        n, e = v["N"], prof.extended(v["N"]).expected_tokens(v["N"])
+        gens = [recs[i:i + 4] for i in range(0, len(recs), 4) if recs[i]["arm"] == "ar"]
+        ar_s = sum(2e-3 + v_ar * max(len(r["tokens"]) - 1 for r in g)
+                   for g in gens for v_ar in [res["arms"]["ar"]["predicted_step_s"]])
+        sp_s = sum(2e-3 + v["predicted_step_s"] * (max(len(r["tokens"]) - 1 for r in g) + (e - 1) / 2) / e
+                   for g in gens)
+        pooled, measured = ar_s / sp_s, v["measured_speedup"]
+        assert pooled > 1.1 * measured, arm
+        assert abs(v["predicted_speedup"] - measured) < 0.5 * abs(pooled - measured), arm
+    best = res["best_n"]["spec|T=0"]
+    assert best["N_end_to_end"] in range(1, 16) and set(best["predicted_end_to_end_speedup"]) >= {"1", "15"}
+    measured = {res["arms"][a]["N"]: res["arms"][a]["measured_speedup"] for a in res["arms"] if res["arms"][a]["N"]}
+    assert best["predicted_end_to_end_speedup"][str(max(measured, key=measured.get))] >= \
+        0.9 * max(best["predicted_end_to_end_speedup"].values())
