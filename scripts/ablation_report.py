@@ -340,16 +340,17 @@ def sweep_table(sweep: dict | None, n_resamples: int, seed: int) -> tuple[list[s
                                                                             list[dict]]:
     """Item 4: N vs measured tau, tokens/s, speedup (CIs) and the cost model's prediction; notes on best N."""
     header = ["N", "arm", "tau pooled [95% CI]", "tau per-request [95% CI]", "tokens/s [95% CI]",
-              "speedup vs AR [95% CI]", "predicted speedup (cost model)", "predicted tau"]
+              "speedup vs AR [95% CI]", "predicted speedup (cost model)", "predicted tau",
+              "predicted speedup (current cost model)"]
     if sweep is None:
         return header, [["-", NOT_RUN] + [NOT_RUN] * (len(header) - 2)], [f"N sweep: {NOT_RUN}"], []
-    s, recs = sweep["summary"], sweep["records"]
-    cm = s.get("cost_model")
-    if cm is None and recs:  # an older summary without it: the runner's own cost model on its records
-        from dflash2.engine.cost import for_report
+    from dflash2.engine.cost import for_report
 
-        cm = for_report(recs)[0]
-    cm = cm or {}
+    s, recs = sweep["summary"], sweep["records"]
+    # The run's own cost model (summary.json, as written when the sweep ran), and the current
+    # dflash2.engine.cost on the same records: the two differ when the model changed since.
+    now = for_report(recs)[0] if recs else {}
+    cm = s.get("cost_model") or now  # an older summary without one: the current model on its records
     rows, pts = [], []
     t = (s.get("temperatures") or [0.0])[0]
     for arm in s["arms"]:
@@ -358,14 +359,16 @@ def sweep_table(sweep: dict | None, n_resamples: int, seed: int) -> tuple[list[s
             continue
         o = e["overall"]
         pred = (cm.get("arms") or {}).get(arm) or (cm.get("arms") or {}).get(f"{arm}|T={_t(t)}") or {}
+        pred_now = (now.get("arms") or {}).get(arm) or (now.get("arms") or {}).get(f"{arm}|T={_t(t)}") or {}
         tps_ci = tokens_per_s_ci(recs, arm, n_resamples, seed) if recs else None
         rows.append([str(e["num_speculative_tokens"]), arm, _ci(o.get("tau_pooled"), o.get("tau_pooled_ci")),
                      _ci(o.get("tau_per_request"), o.get("tau_per_request_ci")),
                      _ci(o.get("tokens_per_s"), tps_ci, 1), _ci(o.get("speedup"), o.get("speedup_ci")),
-                     _f(pred.get("predicted_speedup")), _f(pred.get("predicted_tau"))])
+                     _f(pred.get("predicted_speedup")), _f(pred.get("predicted_tau")),
+                     _f(pred_now.get("predicted_speedup"))])
         pts.append({"N": int(e["num_speculative_tokens"]), "tau": o.get("tau_pooled"), "tau_ci": o.get("tau_pooled_ci"),
                     "speedup": o.get("speedup"), "speedup_ci": o.get("speedup_ci"),
-                    "predicted": pred.get("predicted_speedup")})
+                    "predicted": pred.get("predicted_speedup"), "predicted_now": pred_now.get("predicted_speedup")})
     notes = []
     measured = [p for p in pts if p["speedup"] is not None]
     if measured:
@@ -374,6 +377,10 @@ def sweep_table(sweep: dict | None, n_resamples: int, seed: int) -> tuple[list[s
     for fam, v in (cm.get("best_n") or {}).items():
         notes.append(f"best N predicted by the cost model ({fam}, by decode tokens/s): N={v.get('N')} "
                      f"({v.get('note')})")
+    for fam, v in (now.get("best_n") or {}).items():
+        if v.get("N_end_to_end") is not None:
+            notes.append(f"best N predicted by the current cost model ({fam}, by end-to-end speedup, each row's own "
+                         f"acceptance, batch stragglers included): N={v['N_end_to_end']}")
     if cm.get("label"):
         notes.append(f"cost model: {cm['label']}")
     for key in ("skipped", "error"):
@@ -481,7 +488,11 @@ def sweep_figure(pts: list[dict], path: Path) -> Path:
     pred = [p for p in pts if p["predicted"] is not None]
     if pred:
         a2.plot([p["N"] for p in pred], [p["predicted"] for p in pred], marker="s", linestyle="--",
-                label="cost model prediction")
+                label="cost model prediction (when run)")
+    now = [p for p in pts if p.get("predicted_now") is not None]
+    if now and any(p.get("predicted_now") != p["predicted"] for p in now):
+        a2.plot([p["N"] for p in now], [p["predicted_now"] for p in now], marker="^", linestyle="-.",
+                label="current cost model (batch stragglers)")
     a2.axhline(1.0, color="grey", linestyle=":", label="AR")
     if pts:
         a2.legend(fontsize=8)

@@ -196,9 +196,12 @@ def test_sweep_table_and_cost_model(runs, built):
         assert row[2].startswith(f"{o['tau_pooled']:.2f} [") and row[5].startswith(f"{o['speedup']:.2f} [")
         assert row[4].startswith(f"{o['tokens_per_s']:.1f} [")
         assert row[6] == f"{s['cost_model']['arms'][f'dflash2@N={n}']['predicted_speedup']:.2f}"
+        # the current cost model on the same records (the summary here was written by it, so equal)
+        assert row[8] == row[6]
     best = max((n for n in (1, 2, 3, 5, 7, 10, 15)), key=lambda n: s["per_arm"][f"dflash2@N={n}"]["overall"]["speedup"])
     assert f"best N measured (highest end-to-end speedup): N={best} " in section
     assert f"N={s['cost_model']['best_n']['spec|T=0']['N']} " in section
+    assert f"batch stragglers included): N={s['cost_model']['best_n']['spec|T=0']['N_end_to_end']}" in section
 
 
 def test_training_tables(built):
