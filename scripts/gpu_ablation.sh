@@ -88,8 +88,10 @@ if [ "${PHASE}" = eval ]; then
     i=$((i + 1))
     # Each job has a time limit so the archive below is always written; a job cut short keeps
     # its finished records (scripts/ablation_report.py summarizes records without a summary).
+    # A run dir left by an earlier call (cut short by its limit) is continued, not refused.
+    local r=false; [ -d "$W/$name" ] && r=true
     CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=10 ${EVAL_BUDGET_S:-540} python3 eval/run.py $E \
-        output_dir=$W/$name "$@" > $W/$name.log 2>&1 &
+        output_dir=$W/$name resume=$r "$@" >> $W/$name.log 2>&1 &
   }
   for a in dflash2 conv v1; do
     for temp in 0 1; do
