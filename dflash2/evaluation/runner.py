@@ -57,9 +57,9 @@ def prompt_hash(ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(list(map(int, ids))).encode()).hexdigest()[:16]
 
 
-def read_records(path: Path) -> list[dict]:
-    """Records of `path`; a torn last line (a killed run) is dropped and cut from the file so
-    appending continues on a clean line."""
+def read_records(path: Path, repair: bool = True) -> list[dict]:
+    """Records of `path`; a torn last line (a killed run) is dropped and, with `repair`, cut from
+    the file so appending continues on a clean line (without it the file is left as it is)."""
     if not path.exists():
         return []
     raw = path.read_bytes()
@@ -71,9 +71,10 @@ def read_records(path: Path) -> list[dict]:
             out.append(json.loads(line))
             good_end += len(line)
         except ValueError:
-            log.warning("records: dropping a torn line at byte %d of %s (killed run)", good_end, path)
+            if repair:
+                log.warning("records: dropping a torn line at byte %d of %s (killed run)", good_end, path)
             break
-    if good_end != len(raw):
+    if repair and good_end != len(raw):
         with open(path, "r+b") as f:
             f.truncate(good_end)
     return out

@@ -130,19 +130,6 @@ def _shard_files(out_dir: Path) -> list[Path]:
     return sorted(files, key=lambda p: int(p.stem.removeprefix("records.rank")))
 
 
-def _complete_lines(path: Path) -> list[dict]:
-    """Records of `path` without modifying it: a torn or unparsable last line is ignored."""
-    out = []
-    for line in path.read_bytes().splitlines(keepends=True):
-        try:
-            if not line.endswith(b"\n"):
-                raise ValueError("torn line")
-            out.append(json.loads(line))
-        except ValueError:
-            break
-    return out
-
-
 def existing_records(out_dir: str | Path, *, repair: bool) -> list[dict]:
     """All records already in `out_dir`: `records.jsonl`, then every shard file by rank.
 
@@ -160,7 +147,7 @@ def existing_records(out_dir: str | Path, *, repair: bool) -> list[dict]:
     recs: list[dict] = []
     for p in paths:
         if p.exists():
-            recs.extend(read_records(p) if repair else _complete_lines(p))
+            recs.extend(read_records(p, repair=repair))
     return recs
 
 
@@ -222,13 +209,13 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path, fields: tuple[str, ...] =
         (ranks that produced records; [] for a 1-process run), `wall_s_a/_b` (sum of the
         records' generation wall times), `equal` (same keys, no duplicates, all fields equal).
     """
-    from dflash2.evaluation.runner import RECORDS
+    from dflash2.evaluation.runner import RECORDS, read_records
 
     def load(d) -> tuple[dict, int, list[int], float]:
         path = Path(d) / RECORDS
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist; pass a run directory that eval/run.py finished")
-        recs = _complete_lines(path)
+        recs = read_records(path, repair=False)
         by_key = {(r["arm"], r["sample_id"]): r for r in recs}
         ranks = sorted({int(r["rank"]) for r in recs if r.get("rank") is not None})
         return by_key, len(recs) - len(by_key), ranks, float(sum(r.get("wall_s") or 0.0 for r in recs))
