@@ -498,13 +498,15 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
     ar_by_sample = {r["sample_id"]: r for r in by_arm[ar]}
     c_ctx, ar_gens = ctx[ar], gens[ar]
 
-    def wall(c: float, e_of) -> float:
-        """Predicted wall time over the AR arm's generations at c s/step, where `e_of(sample_id)`
-        is that row's expected tokens per step: a generation lasts as many steps as its slowest
-        row needs, and a row's last step overshoots what it still needs by (E - 1) / 2 tokens."""
-        return sum(overhead + c * max((max(len(r["tokens"] or []) - 1, 0) + (e_of(r["sample_id"]) - 1) / 2)
-                                      / e_of(r["sample_id"]) for r in g)
+    def wall(c: float, e: dict[str, float]) -> float:
+        """Predicted wall time over the AR arm's generations at c s/step, where `e[sample_id]` is
+        that row's expected tokens per step: a generation lasts as many steps as its slowest row
+        needs, and a row's last step overshoots what it still needs by (E - 1) / 2 tokens."""
+        return sum(overhead + c * max((max(len(r["tokens"] or []) - 1, 0) + (e[r["sample_id"]] - 1) / 2)
+                                      / e[r["sample_id"]] for r in g)
                    for g in ar_gens)
+
+    ar_ids = {r["sample_id"] for g in ar_gens for r in g}
 
     # One step-cost model per arm kind (an oracle step has no draft forward, a dflash2 step has
     # one), each fitted on the AR arm plus that kind's calibration arms; it needs two N values.
@@ -526,17 +528,14 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
         row_prof = {r["sample_id"]: AcceptanceProfile.from_accepted([r["accepted"]], info[top][1])
                     for r in by_arm[top] if r["accepted"]}
 
-        def e_rows(n: int):
-            """sample_id -> that row's expected tokens per step at N = n (pooled without a profile)."""
-            pooled, memo = prof.extended(n).expected_tokens(n), {}
-
-            def e_of(sid: str) -> float:
-                if sid not in memo:
-                    rp = row_prof.get(sid)
-                    memo[sid] = rp.extended(n).expected_tokens(n) if rp is not None and n > 0 else (
-                        pooled if n > 0 else 1.0)
-                return memo[sid]
-            return e_of
+        def e_rows(n: int) -> dict[str, float]:
+            """sample_id -> that row's expected tokens per step at N = n: its own profile, else the
+            pooled one (1 for the AR step)."""
+            if n == 0:
+                return dict.fromkeys(ar_ids, 1.0)
+            pooled = prof.extended(n).expected_tokens(n)
+            return {sid: row_prof[sid].extended(n).expected_tokens(n) if sid in row_prof else pooled
+                    for sid in ar_ids}
 
         ar_wall = wall(model.predict(batch, 0, c_ctx), e_rows(0))
         targets = [a for a, (k, _) in info.items() if k == kind or (k == "ar" and key(a) not in out["arms"])]
