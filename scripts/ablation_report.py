@@ -241,8 +241,7 @@ def coverage_table(runs: dict, temps: list[float], datasets: list[str]) -> tuple
             cells = []
             for d in datasets:
                 ids = [i for i in paired if i.split("/")[0] == d]
-                turns = sorted({i.rsplit("/", 1)[-1] for i in ids if i.rsplit("/", 1)[-1].startswith("turn")})
-                if len(turns) > 1 or (turns and d == "mt_bench"):
+                if any(i.rsplit("/", 1)[-1].startswith("turn") for i in ids):  # MT-Bench: split by turn
                     per = {tn: sum(1 for i in ids if i.endswith("/" + tn)) for tn in ("turn1", "turn2")}
                     cells.append(f"{len(ids)} ({per['turn1']} turn 1, {per['turn2']} turn 2)")
                 else:
