@@ -19,9 +19,7 @@
 #   SmolLM2 draft ran out of its budget in exact mode, so it was re-run on a random Qwen3-0.6B
 #   target: docs/MULTI_GPU.md)
 #   CALL=5: carry .whl shared           the exact-mode GPU tests (issue 7) on one GPU
-#   CALL=4: carry .whl shared .gguf_b   what ran on 2026-11-30: CALL=2's training and CALL=3's
-#           evaluation in one call; too tight for 10 minutes (the arms need 3-5 minutes, the
-#           held-out check and the evaluation the rest), so use 2 then 3
+#   (A combined train + evaluate call ran first on 2026-11-30 and did not fit 10 minutes; removed.)
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
 set -uo pipefail
@@ -88,18 +86,6 @@ case $CALL in
   DFLASH2_GPU_OUT=$OUT timeout 560 python3 -m pytest -m gpu tests/gpu/test_exact_mode.py tests/test_gpu_loop.py \
     -s -q -p no:cacheprovider > $OUT/gpu_tests.log 2>&1
   echo "gpu tests rc=$? after $((SECONDS - START)) s"; tail -n 8 $OUT/gpu_tests.log
-  ;;
-4)  # what calls 2 and 3 do for the ablation, in one call (no exact-mode tests, no sharded check)
-  [ -s "$GGUF" ] || cat /tmp/gguf/part_aa .gguf_b/part_ab > "$GGUF"
-  echo "$GGUF_SHA  $GGUF" | sha256sum -c || exit 1
-  TRAIN_GPUS="0 1 1" PHASE=train TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-300} NPROMPTS=${NPROMPTS:-2000} OUT=$OUT \
-    bash scripts/gpu_ablation.sh > $OUT/train_phase.log 2>&1
-  echo "train phase rc=$? after $((SECONDS - START)) s"
-  tail -n 12 $OUT/train_phase.log
-  EVAL_GPUS="0 1" EVAL_BUDGET_S=$((570 - (SECONDS - START))) PHASE=eval OUT=$OUT bash scripts/gpu_ablation.sh \
-    > $OUT/eval_phase.log 2>&1
-  echo "eval phase rc=$? after $((SECONDS - START)) s"
-  tail -n 24 $OUT/eval_phase.log
   ;;
 esac
 ls -la $OUT
