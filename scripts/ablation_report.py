@@ -11,8 +11,11 @@ training files copied beside it):
     metrics_<arm>.jsonl                                 training log rows (dflash2/training/metrics.py)
     train_summary.txt                                   `sha256sum` lines of the final checkpoints
 
-Every statistic already in a `summary.json` (stats.summarize) is read from it, never recomputed.
-Computed here, with the same percentile-bootstrap machinery as `dflash2.evaluation.stats`
+The statistics of a run come from `stats.summarize` on its records.jsonl, re-run here with the
+run's own settings (its summary's `settings`; 2000 resamples, seed 0 for summaries written before
+that key), so that a fix to the statistics reaches runs measured before it (2026-11-30: speedup
+CIs resample generation batches, not rows). What only the run could know (its checks, prompt
+format, the cost model fitted when it ran) is read from its summary.json. Computed here, with the same percentile-bootstrap machinery as `dflash2.evaluation.stats`
 (scipy.stats.bootstrap, paired, resampling samples): the tau ratio between two checkpoints over
 the sample ids both ran, and the CI of tokens/s in the sweep. A missing run renders as
 "not run" in its cells, so partial results still make a document.
@@ -56,6 +59,9 @@ def load_run(path: Path, notes: list[str]) -> dict | None:
         records = read_jsonl(recs) if recs.is_file() else None
         if summ.is_file():
             summary = json.loads(summ.read_text())
+            if records:
+                kept = {k: summary[k] for k in ("checks", "run_id", "prompt_format", "cost_model") if k in summary}
+                summary = {**stats.summarize(records, **(summary.get("settings") or {"n_resamples": 2000})), **kept}
         elif records:
             summary = stats.summarize(records)
             notes.append(f"{path.name}: no summary.json; summarized from records.jsonl here (2000 resamples, seed 0)")
@@ -110,6 +116,13 @@ def _mde(m: dict) -> str:
     if m.get("mde_accuracy") is not None:
         return _f(100 * m["mde_accuracy"], 1)
     return "n/a (0 discordant)" if not m["discordance"] else "undetectable"
+
+
+def _speedup(m: dict) -> str:
+    """Speedup with its CI and how many timed batches the CI resampled (few batches: a rough CI)."""
+    cell = _ci(m.get("speedup"), m.get("speedup_ci"))
+    k = m.get("speedup_batches")
+    return cell if m.get("speedup") is None or k is None else f"{cell} ({k} batch{'es' if k != 1 else ''})"
 
 
 def _rows_for(summary: dict, arm: str, dataset: str | None) -> dict | None:
@@ -182,11 +195,11 @@ def tau_ratio(num: dict[str, dict], den: dict[str, dict], n_resamples: int = 200
 
 
 def tokens_per_s_ci(records: list[dict], arm: str, n_resamples: int, seed: int) -> tuple | None:
-    """95% CI of an arm's tokens/s (total tokens / total wall time), resampling its samples."""
+    """95% CI of an arm's tokens/s (total tokens / total wall time), resampling its generation batches
+    (a batch's rows share one timing; stats.batch_key); None with fewer than 2 batches."""
     recs = list({r["sample_id"]: r for r in records if r["arm"] == arm}.values())
-    tok = np.array([len(r["tokens"] or []) for r in recs], dtype=float)
-    wall = np.array([float(r["wall_s"]) for r in recs], dtype=float)
-    if len(recs) < 2 or wall.sum() <= 0:
+    tok, wall = stats.batch_totals(recs, [len(r["tokens"] or []) for r in recs], [float(r["wall_s"]) for r in recs])
+    if len(wall) < 2 or wall.sum() <= 0:
         return None
     return stats.paired_bootstrap_ci(tok, wall, lambda a, b, axis=-1: a.sum(axis) / b.sum(axis), n_resamples, seed,
                                      vectorized=True)
@@ -275,7 +288,7 @@ def per_arm_table(runs: dict, t: float, datasets: list[str], n: int) -> tuple[li
                 rows.append([
                     ck, arm, ds or "all", str(m.get("n", 0)), _ci(m.get("tau_pooled"), m.get("tau_pooled_ci")),
                     _ci(m.get("tau_per_request"), m.get("tau_per_request_ci")), _ci(*acc_step),
-                    _ci(m.get("speedup"), m.get("speedup_ci")),
+                    _speedup(m),
                     _pct(ar.get("accuracy"), ar.get("accuracy_ci")) if ar.get("n_scored") else "-",
                     _pct(m.get("accuracy"), m.get("accuracy_ci")) if m.get("n_scored") else "-",
                     _p((m.get("mcnemar") or {}).get("p")), _mde(m), _pct(m.get("identical_fraction")),
@@ -362,13 +375,16 @@ def sweep_table(sweep: dict | None, n_resamples: int, seed: int) -> tuple[list[s
         tps_ci = tokens_per_s_ci(recs, arm, n_resamples, seed) if recs else None
         rows.append([str(e["num_speculative_tokens"]), arm, _ci(o.get("tau_pooled"), o.get("tau_pooled_ci")),
                      _ci(o.get("tau_per_request"), o.get("tau_per_request_ci")),
-                     _ci(o.get("tokens_per_s"), tps_ci, 1), _ci(o.get("speedup"), o.get("speedup_ci")),
+                     _ci(o.get("tokens_per_s"), tps_ci, 1), _speedup(o),
                      _f(pred.get("predicted_speedup")), _f(pred.get("predicted_tau")),
                      _f(pred_now.get("predicted_speedup"))])
         pts.append({"N": int(e["num_speculative_tokens"]), "tau": o.get("tau_pooled"), "tau_ci": o.get("tau_pooled_ci"),
                     "speedup": o.get("speedup"), "speedup_ci": o.get("speedup_ci"),
                     "predicted": pred.get("predicted_speedup"), "predicted_now": pred_now.get("predicted_speedup")})
     notes = []
+    if all(r[6] == r[8] for r in rows):  # the run's own cost model is the current one: one column says it
+        header, rows = header[:-1], [r[:-1] for r in rows]
+        notes.append("the run's cost model is the current dflash2.engine.cost (re-fitted here: the same predictions)")
     measured = [p for p in pts if p["speedup"] is not None]
     if measured:
         b = max(measured, key=lambda p: p["speedup"])

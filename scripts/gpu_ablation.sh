@@ -100,7 +100,10 @@ if [ "${PHASE}" = eval ]; then
           arms.selector_off=$sel arms.oracle=false
     done
   done
+  # The sweep runs its prompts in several batches (SWEEP_BATCH): a batch is timed as one, so its
+  # speedup CI resamples batches, and one batch would give none.
   job sweep_dflash2 draft_path=$W/dflash2/final temperature=0 "data.datasets=[gsm8k]" data.limit=$SWEEP_LIMIT \
+      batch_size=${SWEEP_BATCH:-16} \
       "arms.num_speculative_tokens=$SWEEP" arms.selector_off=false arms.oracle=false
   wait
   echo "eval done $(( $(date +%s) - t0 )) s"

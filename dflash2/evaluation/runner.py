@@ -289,7 +289,7 @@ class EvalRunner:
         desc = "samples x arms" if sh.world == 1 else f"samples x arms (rank {sh.rank} of {sh.world})"
         bar = tqdm(total=total, initial=len(done & mine), desc=desc, unit="gen", disable=not sh.main)
         with open(rec_path, "a") as fh:
-            for phase in (first, second):
+            for p, phase in enumerate((first, second)):
                 bs = int(self.cfg.batch_size)
                 for c, start in enumerate(range(0, len(phase), bs)):
                     chunk = phase[start: start + bs]
@@ -300,7 +300,7 @@ class EvalRunner:
                         if not todo:
                             continue
                         for rec in self._run_arm(arm, todo, ar_by_id):
-                            rec.update(where)
+                            rec.update(where, batch=f"{p}/{c}")  # the same key for every arm of this chunk
                             fh.write(json.dumps(rec) + "\n")
                             fh.flush()
                             records.append(rec)

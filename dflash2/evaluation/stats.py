@@ -201,6 +201,23 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+def batch_key(rec: dict) -> tuple:
+    """The generation batch a record was timed in: its `batch` field, or, for records written
+    before that field existed, the (wall_s, batch_size) its batch members share exactly."""
+    if rec.get("batch") is not None:
+        return ("batch", rec.get("rank"), rec["batch"])
+    return ("wall", rec.get("rank"), rec["wall_s"], rec.get("batch_size"))
+
+
+def batch_totals(records: list[dict], *values: Sequence[float]) -> list[np.ndarray]:
+    """Each of `values` (one number per record) summed per generation batch (`batch_key`), batches
+    in order of first appearance: the units a bootstrap of timed quantities must resample."""
+    keys = [batch_key(r) for r in records]
+    index = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    ids = np.array([index[k] for k in keys], dtype=np.int64)
+    return [np.bincount(ids, weights=np.asarray(v, dtype=float), minlength=len(index)) for v in values]
+
+
 def _arm_key(rec: dict, multi_t: bool) -> str:
     return f"{rec['arm']}|T={float(rec['temperature']):g}" if multi_t else rec["arm"]
 
@@ -253,7 +270,12 @@ def _compare(recs: list[dict], ar: dict[str, dict], temperature: float, n_resamp
     w_x = np.array([r["wall_s"] for r, _ in pairs], dtype=float)
     out["wall_s_ar"] = float(w_ar.sum())
     out["speedup"] = float(w_ar.sum() / w_x.sum()) if w_x.sum() > 0 else None
-    out["speedup_ci"] = paired_bootstrap_ci(w_ar, w_x, _ratio, n_resamples, seed, vectorized=True)
+    # A batch is timed as one: its rows share one wall time, so they are not independent draws.
+    # Resample batches (the arm's batches; each holds the same samples as the AR batch it is paired
+    # with), never rows: a row bootstrap would give a zero-width interval for a single batch.
+    b_ar, b_x = batch_totals([r for r, _ in pairs], w_ar, w_x)
+    out["speedup_batches"] = len(b_x)
+    out["speedup_ci"] = paired_bootstrap_ci(b_ar, b_x, _ratio, n_resamples, seed, vectorized=True)
 
     scored = [(r, a) for r, a in pairs if r.get("correct") is not None and a.get("correct") is not None]
     if scored:
@@ -392,6 +414,8 @@ def summarize(records: list[dict], *, n_resamples: int = 2000, seed: int = 0, ac
         "arms": arms, "n_samples": len({r["sample_id"] for r in latest.values()}), "datasets": datasets,
         "temperatures": sorted({float(r["temperature"]) for r in latest.values()}),
         "n_records": len(latest), "conventions": conventions(n_resamples, seed, accuracy_margin, logprob_margin),
+        "settings": {"n_resamples": n_resamples, "seed": seed, "accuracy_margin": accuracy_margin,
+                     "logprob_margin": logprob_margin},  # what re-summarizing the records needs
         "per_arm": per_arm, "vs_n": _vs_n(arms, per_arm), "notes": notes,
     })
 
@@ -436,7 +460,8 @@ def conventions(n_resamples: int, seed: int, accuracy_margin: float, logprob_mar
         "tau_per_request": "mean over samples of each sample's mean(accepted + 1); includes the bonus token",
         "per_position_acceptance": "position i = fraction of all steps that accepted >= i draft tokens",
         "accepted_length_histogram": "number of steps that accepted exactly 0..N draft tokens",
-        "speedup": "total AR wall time / total arm wall time over the samples both ran (paired)",
+        "speedup": "total AR wall time / total arm wall time over the samples both ran (paired); its CI "
+                   "resamples generation batches (speedup_batches of them), the unit that is timed",
         "ci": f"95% percentile bootstrap over samples (cluster; paired across arms), {n_resamples} resamples, "
               f"seed {seed}; accuracy: Wilson interval",
         "mcnemar": "exact two-sided binomial test on the discordant pairs (b = only arm correct, "

@@ -209,6 +209,33 @@ def test_summary_speedup_is_paired_ratio_of_wall_times(flipped):
     assert s["vs_n"]["selector_off"]["N"] == [7]
 
 
+def test_speedup_ci_resamples_batches_not_rows(flipped):
+    """Rows of one generation batch share its wall time: the CI must come from whole batches."""
+    recs = [dict(r) for r in flipped[0]]
+    ids = sorted({r["sample_id"] for r in recs})
+    per_batch = {sid: i // 6 for i, sid in enumerate(ids)}  # 36 samples in 6 batches of 6
+    for r in recs:
+        r["batch"] = f"0/{per_batch[r['sample_id']]}"
+    o = summarize(recs, n_resamples=500)["per_arm"]["dflash2@N=7"]["overall"]
+    assert o["speedup_batches"] == 6
+    arm_rows = [r for r in recs if r["arm"] == "dflash2@N=7"]
+    order = list(dict.fromkeys(per_batch[r["sample_id"]] for r in arm_rows))  # batches in order of appearance
+    wall = {(r["arm"], r["sample_id"]): r["wall_s"] for r in recs}
+    sums = {a: np.array([sum(wall[a, r["sample_id"]] for r in arm_rows if per_batch[r["sample_id"]] == b)
+                         for b in order]) for a in ("ar", "dflash2@N=7")}
+    want = paired_bootstrap_ci(sums["ar"], sums["dflash2@N=7"], lambda a, b, axis=-1: a.sum(axis) / b.sum(axis),
+                               500, 0, vectorized=True)
+    assert o["speedup_ci"] == pytest.approx(list(want))
+    # One batch (e.g. a sweep whose prompts fit one batch): no interval, rather than a zero-width one.
+    one = [dict(r, batch="0/0", wall_s=2.0 if r["arm"] == "ar" else 1.0) for r in recs]
+    o1 = summarize(one, n_resamples=200)["per_arm"]["dflash2@N=7"]["overall"]
+    assert o1["speedup"] == pytest.approx(2.0) and o1["speedup_batches"] == 1 and o1["speedup_ci"] == [None, None]
+    # Records written before the batch field: members of a batch share (wall_s, batch_size) exactly.
+    old = [dict({k: v for k, v in r.items() if k != "batch"}, wall_s=per_batch[r["sample_id"]] + 1.0, batch_size=6)
+           for r in recs]
+    assert summarize(old, n_resamples=200)["per_arm"]["dflash2@N=7"]["overall"]["speedup_batches"] == 6
+
+
 def test_summary_paired_correctness_tests(flipped):
     recs, s = flipped
     o = s["per_arm"]["dflash2@N=7"]["overall"]
