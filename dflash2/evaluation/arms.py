@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dflash2.engine.draft import DFlash2Proposer, DraftStep, Proposal
-from dflash2.evaluation.oracle import OracleProposer
+from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,8 @@ class SelectorOffProposer:
         impl: resolved kernel implementation ("torch" | "triton").
     """
 
+    graph_safe = True  # device work only; the inner proposer is built at step 1, which always runs eagerly
+
     def __init__(self, draft, target, impl: str):
         self.draft, self.target, self.impl = draft, target, impl
         self.block_size = int(draft.block_size)
@@ -93,6 +95,10 @@ def draft_for_arm(arm: Arm, *, draft, target, impl: str, references: Sequence[Se
     if arm.kind == "oracle":
         if references is None or seeds is None:
             raise ValueError(f"arm {arm.label} needs the AR arm's tokens for its samples")
-        return OracleProposer(references, seeds, block_size=arm.num_speculative_tokens + 1,
-                              accept_prob=accept_prob, vocab_size=target.vocab_size)
+        kw = dict(block_size=arm.num_speculative_tokens + 1, accept_prob=accept_prob, vocab_size=target.vocab_size)
+        if target.device.type == "cuda":
+            # The device twin (same law, coins keyed on the device) runs inside the engine's CUDA
+            # graphs like the other arms, so the oracle's speedup compares graph with graph.
+            return DeviceOracleProposer(references, seeds, device=target.device, **kw)
+        return OracleProposer(references, seeds, **kw)
     raise ValueError(f"unknown arm kind {arm.kind!r}")

@@ -58,7 +58,10 @@ class DraftContextCache:
         self.values[layer_idx].scatter_(2, idx, v.to(self.values[layer_idx].dtype))
 
     def check_capacity(self, num_new: int) -> None:
-        # One host sync; the engine's graph-captured path sizes max_len up front instead.
+        # One host sync. Under CUDA-graph capture (no sync allowed) it is skipped: the engine
+        # sizes max_len for prompt + max_new_tokens + a block up front, which bounds every write.
+        if self.lengths.is_cuda and torch.cuda.is_current_stream_capturing():
+            return
         need = int(self.lengths.max()) + num_new
         if need > self.max_len:
             raise RuntimeError(f"DraftContextCache overflow: a row needs {need} slots but max_len is "

@@ -1,0 +1,91 @@
+"""CUDA-graph replay of the engine's steady-state decoding step.
+
+`speculative_generate` keeps its whole per-step state in static device buffers (tokens, lengths,
+finished flags, the target and draft caches, the next step's context features, and a `[5, B]`
+report of accepted counts / new tokens / finished / invalid / active rows) and writes them in
+place. The step body therefore has no inputs but those buffers, which is what a CUDA graph needs:
+capture it once and every later step is one `replay()` plus the single device-to-host copy of
+the report that the loop needs to know which rows are done.
+
+What changes the step's shapes gets a graph of its own: the K/V length handed to the target's
+attention (`kv_len`, rounded up to `GRAPH_KV_BUCKET` slots, so a graph serves every step whose
+rows fit its bucket; masked tail slots change no result). The batch size and N are fixed for a
+`speculative_generate` call, and graphs live for one call. The first step reads the prompt's
+features (its own shape) and always runs eagerly; so does the first step of every new bucket,
+which is the warm-up that the capture needs (lazy kernel compilation, cuBLAS workspaces), and
+then the bucket's graph is captured (capture runs no kernels, so the state is not advanced twice).
+
+Debugging aid: with `sync_check(True)` every replay runs under
+`torch.cuda.set_sync_debug_mode("error")`, so a host synchronization inside the replayed step
+(which would mean the step is not what was captured, or that something syncs) raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+
+GRAPH_KV_BUCKET = 256  # K/V slots per graph bucket (a new graph every 256 committed tokens at most)
+_SYNC_CHECK = False
+
+
+@contextlib.contextmanager
+def sync_check(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, graph replays run with `torch.cuda.set_sync_debug_mode("error")`."""
+    global _SYNC_CHECK
+    previous, _SYNC_CHECK = _SYNC_CHECK, bool(enabled)
+    try:
+        yield
+    finally:
+        _SYNC_CHECK = previous
+
+
+class StepGraphs:
+    """The captured steps of one `speculative_generate` call, one CUDA graph per K/V bucket.
+
+    Args:
+        body: `body(kv_len)` runs one decoding step on the static state, in place, with no host
+            synchronization (it is what gets captured).
+        device: the CUDA device.
+
+    Attributes:
+        replays: steps that ran as a graph replay.
+        captures: graphs captured (one per K/V bucket reached).
+        eager_steps: steps that ran eagerly through `step` (the warm-up step of each bucket).
+    """
+
+    def __init__(self, body: Callable[[int], None], device: torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
+        self.body, self.device = body, device
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None  # one memory pool shared by the call's graphs (they never run concurrently)
+        self.replays = self.captures = self.eager_steps = 0
+
+    def step(self, kv_len: int) -> bool:
+        """Run one step with K/V length `kv_len`; True when it was a graph replay."""
+        graph = self.graphs.get(kv_len)
+        if graph is None:
+            self.body(kv_len)  # the real step, and the warm-up of this bucket's shapes
+            self.eager_steps += 1
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize(self.device)
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.body(kv_len)  # recorded, not executed
+            self.pool = graph.pool()
+            self.graphs[kv_len] = graph
+            self.captures += 1
+            return False
+        if _SYNC_CHECK:
+            previous = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                graph.replay()
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+        else:
+            graph.replay()
+        self.replays += 1
+        return True

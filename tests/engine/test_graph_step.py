@@ -1,0 +1,136 @@
+"""The graph-replayed step's bookkeeping, on CPU (the CUDA graphs themselves: tests/gpu/test_graphs.py).
+
+A captured step must depend on nothing but the static state it reads and writes in place. Here a
+stand-in for `StepGraphs` runs the very same step body at every "replay" (and skips the capture),
+through the loop's graph path: K/V buckets of its own, the step-1 prompt context handed over to
+the static context buffers, the report as the only host read. The outputs must equal the eager
+loop's token for token, greedy and sampled, with rows stopping at different steps. Also: the
+`graphs` argument's checks, and the device oracle (`DeviceOracleProposer`) the graph tests use.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2 import DFlash2DraftModel, speculative_generate
+from dflash2.engine import generate as engine_generate
+from dflash2.engine import inputs as engine_inputs
+from dflash2.engine.inputs import GenerateInputError
+from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer
+from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
+
+VOCAB = 300
+
+
+class ReplayByRunning:
+    """CPU stand-in for `StepGraphs`: a 'capture' per bucket (not run), then each 'replay' runs the body."""
+
+    instances: list["ReplayByRunning"] = []
+
+    def __init__(self, body, device):
+        self.body, self.buckets, self.replays, self.captures = body, set(), 0, 0
+        ReplayByRunning.instances.append(self)
+
+    def step(self, kv_len: int) -> bool:
+        if kv_len not in self.buckets:
+            self.body(kv_len)  # the warm-up step (real), then a capture that runs nothing
+            self.buckets.add(kv_len)
+            self.captures += 1
+            return False
+        self.body(kv_len)
+        self.replays += 1
+        return True
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_qwen3(vocab=VOCAB, hidden=64, layers=4, seed=0).float()
+    draft = randomize_(DFlash2DraftModel(tiny_draft_config(vocab=VOCAB, block_size=8)), seed=1, std=0.05).eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, VOCAB - 1, (n,), generator=g) for n in (5, 19, 11)]
+    return target, draft, prompts
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    """Force the graph path on CPU with the stand-in, and buckets of 8 K/V slots (so a run crosses several)."""
+    monkeypatch.setattr(engine_inputs, "_graphs_arg", lambda graphs, tgt, draft, exact: bool(graphs))
+    monkeypatch.setattr(engine_generate, "StepGraphs", ReplayByRunning)
+    monkeypatch.setattr(engine_generate, "GRAPH_KV_BUCKET", 8)
+    ReplayByRunning.instances.clear()
+    return ReplayByRunning.instances
+
+
+def _same(a, b):
+    assert [s.tolist() for s in a.sequences] == [s.tolist() for s in b.sequences]
+    assert a.accepted == b.accepted and a.finish_reasons == b.finish_reasons
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("proposer", ["ar", "dflash2", "oracle"])
+def test_graph_path_bookkeeping_equals_the_eager_loop(models, fake_graphs, temperature, proposer):
+    target, draft, prompts = models
+    ar = speculative_generate(target, None, prompts, max_new_tokens=30, temperature=temperature, seed=[1, 2, 3],
+                              graphs=False)
+    # A stop token that row 0 emits early, so rows finish at different steps.
+    stop = int(ar.generated[0][6])
+    if proposer == "oracle":
+        refs = [p.tolist() + g.tolist() for p, g in zip(prompts, ar.generated)]
+        drafter = DeviceOracleProposer(refs, [1, 2, 3], block_size=8, accept_prob=0.8, vocab_size=VOCAB, device="cpu")
+    else:
+        drafter = draft if proposer == "dflash2" else None
+    kw = dict(max_new_tokens=30, num_speculative_tokens=5 if drafter is not None else None, temperature=temperature,
+              seed=[1, 2, 3], stop_token_ids=[stop])
+    eager = speculative_generate(target, drafter, prompts, graphs=False, **kw)
+    graphed = speculative_generate(target, drafter, prompts, graphs=True, **kw)
+    _same(graphed, eager)
+    assert len(set(map(len, eager.accepted))) > 1  # rows end at different steps
+    if temperature == 0.0 or drafter is None:  # the same path as the reference AR run: row 0 stops early
+        assert eager.finish_reasons[0] == "stop"
+    runner = fake_graphs[-1]
+    assert runner.captures >= 2 and runner.replays > 0  # K/V buckets crossed, most steps replayed
+    assert graphed.times.graph_replays == runner.replays and graphed.times.graph_captures == runner.captures
+    assert len(graphed.times.verify) == 1 + runner.captures + runner.replays  # step 1 eager, warm-ups, replays
+    if proposer == "oracle" and temperature == 0.0:
+        assert sum(map(sum, eager.accepted)) / sum(map(len, eager.accepted)) >= 1.0  # the path really accepts
+
+
+def test_graphs_argument_is_checked(models):
+    target, draft, prompts = models
+    with pytest.raises(GenerateInputError, match="graphs: is True but the target is on cpu"):
+        speculative_generate(target, draft, prompts, max_new_tokens=4, graphs=True)
+    with pytest.raises(GenerateInputError, match="graphs: is 'yes'"):
+        speculative_generate(target, draft, prompts, max_new_tokens=4, graphs="yes")
+    host = OracleProposer([prompts[0].tolist()], [0], block_size=8, accept_prob=0.5, vocab_size=VOCAB)
+    with pytest.raises(GenerateInputError, match="does not declare graph_safe"):
+        engine_inputs._graphs_arg(True, type("T", (), {"device": torch.device("cuda")})(), host, False)
+    with pytest.raises(GenerateInputError, match="exact mode"):
+        engine_inputs._graphs_arg(True, type("T", (), {"device": torch.device("cuda")})(), None, True)
+    # Auto: off on CPU, on for a CUDA target with a capturable proposer, off for a host proposer.
+    cuda_target = type("T", (), {"device": torch.device("cuda")})()
+    assert engine_inputs._graphs_arg(None, engine_inputs.as_target(target), draft, False) is False
+    assert engine_inputs._graphs_arg(None, cuda_target, draft, False) is True
+    assert engine_inputs._graphs_arg(None, cuda_target, host, False) is False
+    assert engine_inputs._graphs_arg(False, cuda_target, draft, False) is False
+
+
+@pytest.mark.parametrize("p", [0.0, 0.6, 1.0])
+def test_device_oracle_follows_the_oracle_law_and_stays_lossless(models, p):
+    target, _, prompts = models
+    ar = speculative_generate(target, None, prompts, max_new_tokens=24)
+    refs = [q.tolist() + g.tolist() for q, g in zip(prompts, ar.generated)]
+    oracle = DeviceOracleProposer(refs, [5, 6, 2**64 - 1], block_size=8, accept_prob=p, vocab_size=VOCAB,
+                                  device="cpu")
+    out = speculative_generate(target, oracle, prompts, max_new_tokens=24, num_speculative_tokens=7)
+    assert [g.tolist() for g in out.generated] == [g.tolist() for g in ar.generated]  # greedy: never changes output
+    steps = [a for row in out.accepted for a in row[:-1]]  # the last step may be cut by the budget
+    if p == 1.0:
+        assert all(a == 7 for a in steps)
+    elif p == 0.0:
+        assert sum(steps) == 0
+    else:
+        # E[accepted] = sum_j p^j over 7 slots = 1.35 at p = 0.6; generous bounds over ~20 steps
+        assert 0.6 < sum(steps) / len(steps) < 2.4
+    with pytest.raises(ValueError, match="accept_prob"):
+        DeviceOracleProposer(refs, [0, 0, 0], block_size=8, accept_prob=1.5, vocab_size=VOCAB, device="cpu")
