@@ -17,8 +17,10 @@ through the same code. The token after the prompt comes from the prefill logits 
 Stopping is per row: `max_new_tokens` caps each row, and a stop token inside an accepted run
 truncates the row right after it. Finished rows keep riding along in the batch (static
 shapes) but commit nothing. The loop syncs with the host once per step (accepted counts and
-finished flags); the step body itself has no host syncs besides the draft cache's capacity
-check, so it can be graph-captured later with a fixed `kv_len`.
+finished flags, one `[5, B]` report); the step body works in place on static buffers and has
+no other host sync (the draft cache's capacity check is skipped under capture), so on CUDA it
+replays from CUDA graphs, one per K/V bucket (`dflash2.engine.graphs`; `graphs=False` for the
+eager loop).
 
 Exact mode (`exact=True`): in bf16 on a GPU a 16-token verify runs other GEMM and attention
 shapes than a 1-token decode, so top-2 near-ties (0-1 bf16 ulp apart) can flip and greedy
