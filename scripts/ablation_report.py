@@ -598,7 +598,9 @@ def build(runs_dir: Path, out: Path, figures: Path, prefix: str = "ablation_", n
           f"Runs: `{runs_dir}`. tau includes the bonus token; pooled tau = sum(accepted + 1) / steps; "
           "per-request tau = mean over samples of each sample's mean(accepted + 1). CIs: 95% percentile "
           f"bootstrap over samples ({n_resamples} resamples for the ratios here; the summaries' own setting "
-          "elsewhere); accuracy: Wilson. Speedup = AR wall time / arm wall time in the same process.", ""]
+          "elsewhere); accuracy: Wilson. Speedup = AR wall time / arm wall time in the same process; its CI "
+          "(and the sweep's tokens/s CI) resamples generation batches instead, the unit that is timed, and "
+          "the cell says how many there were.", ""]
     md += [f"- not run / missing: {', '.join(missing)}" if missing else "- all runs present"]
     md += [f"- note: {x}" for x in notes] + [""]
     c_header, c_rows = coverage_table(runs, temps, datasets)
