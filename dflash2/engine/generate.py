@@ -387,10 +387,12 @@ def speculative_generate(
             if runner is not None and step > 1:
                 # Graph buckets are coarser than eager ones: fewer captures; masked tail slots are free.
                 t0 = clock()
-                runner.step(min(_round_up(kv_need, GRAPH_KV_BUCKET), max_len))
+                times.replayed.append(runner.step(min(_round_up(kv_need, GRAPH_KV_BUCKET), max_len)))
             else:
                 kv_len = _round_up(kv_need, kv_bucket) if kv_bucket else kv_need  # a new shape every bucket only
                 t0 = step_body(kv_len, record=True)
+                if runner is not None:
+                    times.replayed.append(False)
             acc_host, n_host, done_new, bad_host, act_host = report.tolist()
             _check_valid(bad_host, "target or draft logits", step)
             times.verify.append(clock() - t0)

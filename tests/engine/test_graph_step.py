@@ -92,6 +92,8 @@ def test_graph_path_bookkeeping_equals_the_eager_loop(models, fake_graphs, tempe
     assert runner.captures >= 2 and runner.replays > 0  # K/V buckets crossed, most steps replayed
     assert graphed.times.graph_replays == runner.replays and graphed.times.graph_captures == runner.captures
     assert len(graphed.times.verify) == 1 + runner.captures + runner.replays  # step 1 eager, warm-ups, replays
+    assert graphed.times.replayed.count(True) == runner.replays and len(graphed.times.replayed) == len(graphed.times.verify)
+    assert not graphed.times.replayed[0] and eager.times.replayed == []
     if proposer == "oracle" and temperature == 0.0:
         assert sum(map(sum, eager.accepted)) / sum(map(len, eager.accepted)) >= 1.0  # the path really accepts
 
