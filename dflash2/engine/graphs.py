@@ -15,6 +15,11 @@ features (its own shape) and always runs eagerly; so does the first step of ever
 which is the warm-up that the capture needs (lazy kernel compilation, cuBLAS workspaces), and
 then the bucket's graph is captured (capture runs no kernels, so the state is not advanced twice).
 
+If a capture fails (a model whose forward does something a graph cannot hold, e.g. a host
+synchronization), the call warns once with the error and finishes on the eager loop: the output
+is the same, only slower. The counters say so (`captures` stays 0, `failed` holds the error);
+the GPU tests assert replays, so a fallback never passes them silently.
+
 Debugging aid: with `sync_check(True)` every replay runs under
 `torch.cuda.set_sync_debug_mode("error")`, so a host synchronization inside the replayed step
 (which would mean the step is not what was captured, or that something syncs) raises.
@@ -23,6 +28,7 @@ Debugging aid: with `sync_check(True)` every replay runs under
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -53,7 +59,9 @@ class StepGraphs:
     Attributes:
         replays: steps that ran as a graph replay.
         captures: graphs captured (one per K/V bucket reached).
-        eager_steps: steps that ran eagerly through `step` (the warm-up step of each bucket).
+        eager_steps: steps that ran eagerly through `step` (each bucket's warm-up, and every step
+            after a failed capture).
+        failed: the capture error, if a capture failed (the call then stays eager).
     """
 
     def __init__(self, body: Callable[[int], None], device: torch.device):
@@ -63,6 +71,7 @@ class StepGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None  # one memory pool shared by the call's graphs (they never run concurrently)
         self.replays = self.captures = self.eager_steps = 0
+        self.failed: str | None = None
 
     def step(self, kv_len: int) -> bool:
         """Run one step with K/V length `kv_len`; True when it was a graph replay."""
@@ -70,13 +79,8 @@ class StepGraphs:
         if graph is None:
             self.body(kv_len)  # the real step, and the warm-up of this bucket's shapes
             self.eager_steps += 1
-            graph = torch.cuda.CUDAGraph()
-            torch.cuda.synchronize(self.device)
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.body(kv_len)  # recorded, not executed
-            self.pool = graph.pool()
-            self.graphs[kv_len] = graph
-            self.captures += 1
+            if self.failed is None:
+                self._capture(kv_len)
             return False
         if _SYNC_CHECK:
             previous = torch.cuda.get_sync_debug_mode()
@@ -89,3 +93,20 @@ class StepGraphs:
             graph.replay()
         self.replays += 1
         return True
+
+    def _capture(self, kv_len: int) -> None:
+        """Record the step for `kv_len` (runs no kernel, so the state does not advance)."""
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.device)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.body(kv_len)
+        except RuntimeError as e:  # the step cannot be held in a graph: finish this call eagerly
+            self.failed = f"{type(e).__name__}: {e}"
+            warnings.warn(f"dflash2: CUDA-graph capture of the decoding step failed ({self.failed}); this call "
+                          "continues on the eager loop (same output, slower). Pass graphs=False to skip the attempt.",
+                          RuntimeWarning, stacklevel=3)
+            return
+        self.pool = graph.pool()
+        self.graphs[kv_len] = graph
+        self.captures += 1

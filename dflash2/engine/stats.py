@@ -75,6 +75,7 @@ class StepTimes:
     graph_replays: int = 0  # steps replayed from a CUDA graph (their whole time is in `verify`)
     graph_captures: int = 0
     replayed: list[bool] = field(default_factory=list)  # graph mode: per step, a replay (False: eager/capture)
+    graph_error: str | None = None  # graph mode: why a capture failed (the call then finished eagerly)
 
     def summary(self) -> dict[str, float]:
         """Totals per phase (seconds) and the step count."""

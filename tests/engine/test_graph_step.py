@@ -10,6 +10,8 @@ loop's token for token, greedy and sampled, with rows stopping at different step
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -29,7 +31,7 @@ class ReplayByRunning:
     instances: list["ReplayByRunning"] = []
 
     def __init__(self, body, device):
-        self.body, self.buckets, self.replays, self.captures = body, set(), 0, 0
+        self.body, self.buckets, self.replays, self.captures, self.failed = body, set(), 0, 0, None
         ReplayByRunning.instances.append(self)
 
     def step(self, kv_len: int) -> bool:
@@ -136,3 +138,31 @@ def test_device_oracle_follows_the_oracle_law_and_stays_lossless(models, p):
         assert 0.6 < sum(steps) / len(steps) < 2.4
     with pytest.raises(ValueError, match="accept_prob"):
         DeviceOracleProposer(refs, [0, 0, 0], block_size=8, accept_prob=1.5, vocab_size=VOCAB, device="cpu")
+
+
+def test_a_failed_capture_warns_and_finishes_eagerly(monkeypatch):
+    """A step that cannot be captured must not crash the call or repeat a step: the capture runs
+    nothing, so after the warning every later step runs the body eagerly, once."""
+    from dflash2.engine import graphs as graphs_mod
+
+    class NoGraph:
+        def pool(self):
+            return None
+
+    @contextlib.contextmanager
+    def refuse(graph, pool=None):
+        raise RuntimeError("operation not permitted when stream is capturing")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", NoGraph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "graph", refuse)
+    calls = []
+    runner = graphs_mod.StepGraphs(calls.append, torch.device("cuda"))
+    with pytest.warns(RuntimeWarning, match="capture of the decoding step failed.*eager loop"):
+        assert runner.step(256) is False
+    assert [runner.step(256), runner.step(512), runner.step(512)] == [False] * 3
+    assert calls == [256, 256, 512, 512] and runner.replays == runner.captures == 0
+    assert runner.eager_steps == 4 and "not permitted" in runner.failed
+    with pytest.raises(ValueError, match="CUDA device"):
+        graphs_mod.StepGraphs(calls.append, torch.device("cpu"))
