@@ -15,9 +15,10 @@ The statistics of a run come from `stats.summarize` on its records.jsonl, re-run
 run's own settings (its summary's `settings`; 2000 resamples, seed 0 for summaries written before
 that key), so that a fix to the statistics reaches runs measured before it (2026-11-30: speedup
 CIs resample generation batches, not rows). What only the run could know (its checks, prompt
-format, the cost model fitted when it ran) is read from its summary.json. Computed here, with the same percentile-bootstrap machinery as `dflash2.evaluation.stats`
-(scipy.stats.bootstrap, paired, resampling samples): the tau ratio between two checkpoints over
-the sample ids both ran, and the CI of tokens/s in the sweep. A missing run renders as
+format, the cost model fitted when it ran) is read from its summary.json. Computed here, with
+the same percentile-bootstrap machinery as `dflash2.evaluation.stats` (scipy.stats.bootstrap,
+paired): the tau ratio between two checkpoints over the sample ids both ran (resampling samples),
+and the CI of tokens/s in the sweep (resampling generation batches). A missing run renders as
 "not run" in its cells, so partial results still make a document.
 """
 

@@ -402,7 +402,7 @@ def speculative_generate(
                     gen_host[b] += n_host[b]
             done_host = [bool(x) for x in done_new]
         if runner is not None:
-            times.graph_replays, times.graph_captures, times.graph_error = runner.replays, runner.captures, runner.failed
+            times.graph_captures, times.graph_error = runner.captures, runner.failed
         times.total = clock() - t_start
 
     tok_cpu = tokens.cpu()

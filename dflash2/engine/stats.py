@@ -72,10 +72,14 @@ class StepTimes:
     verify: list[float] = field(default_factory=list)
     total: float = 0.0
     synchronized: bool = False
-    graph_replays: int = 0  # steps replayed from a CUDA graph (their whole time is in `verify`)
     graph_captures: int = 0
     replayed: list[bool] = field(default_factory=list)  # graph mode: per step, a replay (False: eager/capture)
     graph_error: str | None = None  # graph mode: why a capture failed (the call then finished eagerly)
+
+    @property
+    def graph_replays(self) -> int:
+        """Steps replayed from a CUDA graph (their whole time is in `verify`)."""
+        return sum(self.replayed)
 
     def summary(self) -> dict[str, float]:
         """Totals per phase (seconds) and the step count."""

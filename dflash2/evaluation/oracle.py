@@ -75,7 +75,7 @@ class OracleProposer:
         return Proposal(tokens.to(dev), cand.to(dev), q.contiguous().to(dev))
 
 
-class DeviceOracleProposer:
+class DeviceOracleProposer(OracleProposer):
     """The oracle's law with everything on the device, so `propose` can be captured in a CUDA graph.
 
     Same proposals as `OracleProposer` in law (slot right with probability `accept_prob`, else
@@ -94,33 +94,28 @@ class DeviceOracleProposer:
 
     def __init__(self, references: Sequence[Sequence[int]], seeds: Sequence[int], block_size: int,
                  accept_prob: float, vocab_size: int, device: torch.device | str):
-        if not 0.0 <= accept_prob <= 1.0:
-            raise ValueError(f"accept_prob={accept_prob}: must be in [0, 1]")
-        refs = [list(map(int, r)) for r in references]
+        super().__init__(references, seeds, block_size, accept_prob, vocab_size)
+        refs = self.references
         if not refs or any(not r for r in refs):
             raise ValueError("every reference must hold at least one token")
         width = max(map(len, refs))
         # Past its end a row's reference repeats its last token (as OracleProposer does).
-        self.references = torch.tensor([r + [r[-1]] * (width - len(r)) for r in refs], dtype=torch.long,
-                                        device=device)
-        self.seeds = torch.tensor([int(s) - 2**64 if int(s) >= 2**63 else int(s) for s in seeds], dtype=torch.long,
-                                  device=device)
-        self.block_size = int(block_size)
-        self.accept_prob = float(accept_prob)
-        self.vocab_size = int(vocab_size)
-        self.target_layer_ids: list[int] = []
+        self.reference_ids = torch.tensor([r + [r[-1]] * (width - len(r)) for r in refs], dtype=torch.long,
+                                          device=device)
+        self.seed_ids = torch.tensor([s - 2**64 if s >= 2**63 else s for s in self.seeds], dtype=torch.long,
+                                     device=device)
         self.law = torch.tensor([self.accept_prob, 1.0 - self.accept_prob], dtype=torch.float32, device=device)
 
     def propose(self, step: DraftStep) -> Proposal:
         from dflash2.kernels.keyed_random import ACCEPT_STREAM, keyed_uniform
 
         n = step.num_speculative_tokens
-        b = self.references.shape[0]
+        b = self.reference_ids.shape[0]
         if step.start.shape[0] != b:
             raise ValueError(f"oracle built for {b} rows, engine batch has {step.start.shape[0]}")
         pos = step.start[:, None] + 1 + torch.arange(n, device=step.start.device)  # slot j+1 predicts pos
-        right = self.references.gather(1, pos.clamp(max=self.references.shape[1] - 1))
-        hit = keyed_uniform(self.seeds[:, None], ACCEPT_STREAM, pos, 1) < self.accept_prob
+        right = self.reference_ids.gather(1, pos.clamp(max=self.reference_ids.shape[1] - 1))
+        hit = keyed_uniform(self.seed_ids[:, None], ACCEPT_STREAM, pos, 1) < self.accept_prob
         wrong = (right + 1) % self.vocab_size
         return Proposal(torch.where(hit, right, wrong), torch.stack([right, wrong], dim=-1),
                         self.law.expand(b, n, 2))
