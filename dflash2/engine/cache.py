@@ -171,6 +171,32 @@ class StaticTargetCache(Cache):
         return self.layers[0].get_seq_length() if self.layers else 0
 
 
+# The last forward's masks: every layer of one forward gets the same `position_ids` tensor, so the
+# mask is built once per forward and window instead of once per layer (three kernels a layer).
+_MASKS: dict = {"key": None, "masks": {}}
+
+
+def _visible(position_ids: torch.Tensor, b: int, q: int, kv: int, window: int | None,
+             device: torch.device) -> torch.Tensor:
+    """`[B, q, kv]` bool: key slot j visible to query i of row b (`j <= pos[b, i]`, within `window`)."""
+    tracing = torch.compiler.is_compiling()
+    # Same tensor object, unmodified since (its version counter), same shapes: the mask still holds.
+    key = (id(position_ids), position_ids._version, b, q, kv, device) if not tracing else None
+    if key is not None and key == _MASKS["key"] and window in _MASKS["masks"]:
+        return _MASKS["masks"][window]
+    pos = position_ids.to(device).expand(b, q)[:, :, None]  # [B, q, 1]
+    slots = torch.arange(kv, device=device)[None, None, :]  # [1, 1, kv]
+    visible = slots <= pos
+    if window:
+        visible = visible & (slots > pos - window)
+    if key is not None:
+        if key != _MASKS["key"]:
+            # Holding the tensor keeps its id from being reused by another tensor while cached.
+            _MASKS.update(key=key, masks={}, positions=position_ids)
+        _MASKS["masks"][window] = visible
+    return visible
+
+
 def row_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -202,15 +228,11 @@ def row_attention(
     if attention_mask is not None:
         raise RuntimeError(f"{ATTN_IMPLEMENTATION} builds its own per-row mask; got an HF mask as well")
     b, nh, q, _ = query.shape
-    kv = key.shape[2]
-    pos = position_ids.to(query.device).expand(b, q)[:, :, None]  # [B, q, 1]
-    slots = torch.arange(kv, device=query.device)[None, None, :]  # [1, 1, kv]
-    visible = slots <= pos  # [B, q, kv]
     window = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
-    if window:
-        visible = visible & (slots > pos - window)
+    visible = _visible(position_ids, b, q, key.shape[2], window, query.device)
     nkv = key.shape[1]
-    if _EXACT.get() and query.is_cuda:
+    # (Exact mode never runs compiled, and dynamo cannot read a ContextVar: skip it while tracing.)
+    if query.is_cuda and not torch.compiler.is_compiling() and _EXACT.get():
         # Exact mode: the memory-efficient kernel walks the keys of each (row, head, query tile)
         # in one sequential loop, so a row's result depends neither on its batch neighbours nor on
         # a masked key tail; the default choice on Hopper (cuDNN) picks shape-dependent plans
@@ -229,12 +251,17 @@ def row_attention(
         attn_mask=visible[:, None],  # [B, 1, q, kv]
         dropout_p=dropout if module.training else 0.0,
         scale=scaling,
-        enable_gqa=nh != nkv,
+        # The stock attention modules know their group size as a plain int; the shapes may be
+        # symbolic under torch.compile, where SDPA refuses a symbolic enable_gqa.
+        enable_gqa=getattr(module, "num_key_value_groups", nh // nkv) != 1,
     )
     return out.transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(ATTN_IMPLEMENTATION, row_attention)
+# Registered behind `torch.compiler.disable`: with `compile_level="full"` (dflash2.engine.compiled)
+# everything around the attention call is compiled, and the call itself stays this eager SDPA
+# (under Inductor a masked SDPA over symbolic shapes ran slower at one query per row on the H200).
+AttentionInterface.register(ATTN_IMPLEMENTATION, torch.compiler.disable(row_attention))
 
 
 @contextlib.contextmanager

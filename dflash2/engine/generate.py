@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dflash2.engine.cache import StaticTargetCache, exact_attention, static_attention
+from dflash2.engine.compiled import compile_modules, eager_forward
 from dflash2.engine.draft import DFlash2Proposer, DraftStep, Proposal
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, StepGraphs
 from dflash2.engine.inputs import check_generate_inputs
@@ -179,6 +180,7 @@ def speculative_generate(
     exact: bool = False,
     exact_block_size: int | None = None,
     graphs: bool | None = None,
+    compile_level: str | None = None,
 ) -> SpeculativeOutput:
     """Generate with DFlash2 speculative decoding (or the AR baseline), losslessly.
 
@@ -206,6 +208,10 @@ def speculative_generate(
             (default) = on for a CUDA target outside exact mode whose proposer can be captured
             (the DFlash2 draft, the AR baseline, or a proposer with `graph_safe = True`); False =
             the eager loop; True = on, or an error saying why it cannot be.
+        compile_level: None (off), `"light"` or `"full"`: compile the target's (and a DFlash2
+            draft's) small-kernel modules with `torch.compile` first, in place and once per model
+            (`dflash2.engine.compiled`): fused norm / activation (and, "full", attention-side)
+            kernels. The prefill stays uncompiled; each new shape class pays its compile once.
     Returns:
         `SpeculativeOutput`.
     """
@@ -214,7 +220,7 @@ def speculative_generate(
     checked = check_generate_inputs(
         target, draft, input_ids, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids, impl=impl,
-        timing=timing, exact=exact, exact_block_size=exact_block_size, graphs=graphs)
+        timing=timing, exact=exact, exact_block_size=exact_block_size, graphs=graphs, compile_level=compile_level)
     tgt: TargetModel = checked.target
     rows, n_spec, draft = checked.rows, checked.num_speculative_tokens, checked.draft
     proposer_like = draft is not None and hasattr(draft, "propose")
@@ -229,6 +235,10 @@ def speculative_generate(
         return SpeculativeOutput([r.cpu() for r in rows], [[] for _ in rows], plen_host, ["length"] * bsz, n_spec)
 
     impl = resolve_impl(impl, device)
+    if checked.compile_level is not None:
+        compile_modules(tgt, tgt.decoder_layers, checked.compile_level)
+        if draft is not None and not proposer_like:  # a DFlash2 draft model; its attention is ours: light only
+            compile_modules(draft, draft.layers, "light")
     # On CUDA a K/V length that grows by one every step gives attention a new shape every step,
     # and each new shape costs the default SDPA path a new plan: at batch 8 on the H200 the eager
     # loop ran 3x faster with one fixed length (docs/PERFORMANCE.md, exact mode). Masked tail
@@ -292,7 +302,8 @@ def speculative_generate(
             last = plens - 1
             keep, where_kept = torch.unique(last, return_inverse=True)
             cache.prepare(pos, kv_len=p_max)
-            out = tgt(ids, position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=keep)
+            with eager_forward(checked.compile_level is not None):  # no compile for one prompt-length forward
+                out = tgt(ids, position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=keep)
             first_logits = out.logits[torch.arange(bsz, device=device), where_kept][:, None]  # [B, 1, V]
             prefill_features = out.features
         _check_valid(invalid_rows(first_logits).tolist(), "target logits", 0)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash2.engine.compiled import COMPILE_LEVELS
+
 from dflash2.kernels.dispatch import IMPLS
 from dflash2.target import TargetModel, as_target
 
@@ -46,6 +48,7 @@ class GenerateInputs:
     seed: int | list[int] | None
     exact_block_size: int = 16
     graphs: bool = False
+    compile_level: str | None = None
 
 
 def _graphs_arg(graphs, tgt: TargetModel, draft, exact: bool) -> bool:
@@ -235,6 +238,7 @@ def check_generate_inputs(
     exact=False,
     exact_block_size=None,
     graphs=None,
+    compile_level=None,
 ) -> GenerateInputs:
     """Check every argument of `speculative_generate` (same names) on the host.
 
@@ -303,4 +307,9 @@ def check_generate_inputs(
         _check_position_limit(rows, max_new, exact_block_size - 1 if exact else n_spec, int(limit))
     stops = _stop_ids(stop_token_ids, vocab)
     use_graphs = _graphs_arg(graphs, tgt, draft, exact)
-    return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, exact_block_size, use_graphs)
+    if compile_level is not None and compile_level not in COMPILE_LEVELS:
+        _fail("compile_level", f"is {compile_level!r}", f"pass None (off) or one of {COMPILE_LEVELS}")
+    if compile_level is not None and exact:
+        _fail("compile_level", f"is {compile_level!r} with exact=True (compiled kernels sum in other orders than "
+              "the stock ones, and exact mode pins the stock kernels)", "drop one of the two")
+    return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, exact_block_size, use_graphs, compile_level)

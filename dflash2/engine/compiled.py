@@ -1,0 +1,115 @@
+"""Regional `torch.compile` of the target's (and the draft's) small-kernel modules.
+
+Captured in a CUDA graph, a forward still runs every small kernel of the stock modules (an
+RMSNorm alone is six: cast, square, mean, rsqrt, two multiplies), about seventy per decoder
+layer. At batch 1 on the H200 those kernels are where the step spends the time above its
+GEMM floor, and the norms' mean reductions get slower per row as the verify block widens
+(`docs/PERFORMANCE.md`, step profile). `compile_modules` hands sub-modules to `torch.compile`
+in place (`nn.Module.compile`, the public API): Inductor fuses each elementwise chain into one
+kernel, while the modules, their weights and their forward code stay the stock ones (the
+transformers classes for the target; the draft's own classes, which reuse transformers' norm
+and MLP).
+
+Two levels:
+- `"light"`: every norm (`*norm` sub-modules: the layer norms, attention's q/k norms, the
+  draft's `hidden_norm` and final norm) and every `mlp`. Nothing layer-specific is read there,
+  so one compile per shape class serves every layer of every model: seconds.
+- `"full"`: additionally each decoder layer's attention module (q/k norms, RoPE and the cache
+  write fused around the projections; the attention call itself stays eager, see
+  `dflash2.engine.cache`). Attention reads its `layer_idx` to find its cache layer, so dynamo
+  specializes it per layer: one compile per layer and shape class, about two minutes per class
+  at 36 layers on the H200 host. The recompile limit is raised to cover them (dynamo would
+  otherwise run the later layers uncompiled). The draft is always compiled `"light"`.
+
+`dynamic=True`: batch, block width and K/V length are symbolic, so a new N, batch or K/V bucket
+reuses compiled code instead of recompiling (a size of 1 is still its own class). Decoder
+layers themselves are not compiled: the target's feature hooks sit on them
+(`dflash2.target.TargetModel`). `speculative_generate` runs the prefill with compiled code
+switched off (`torch.compiler.set_stance("force_eager")`: a prompt-length shape class would
+cost a compile for one forward) and compiles at its first decoding step, which runs eagerly,
+never inside a CUDA-graph capture.
+
+Compiled kernels give the same results as the stock ones up to floating-point rounding (a fused
+reduction sums in another order), so greedy output can differ from an uncompiled run at bf16
+near-ties, as the graph path's K/V buckets do; losslessness (speculative == AR of the same
+engine) is unaffected. Exact mode refuses it (`dflash2.engine.inputs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+COMPILE_LEVELS = ("light", "full")
+COMPILED_FLAG = "_dflash2_compiled"
+
+
+def _light_parts(root: nn.Module) -> list[nn.Module]:
+    """The norms and MLPs under `root` (outermost match only, so an MLP's insides are not listed
+    twice), except those carrying forward hooks (the target's final norm: its feature hook)."""
+    parts: list[nn.Module] = []
+    seen: set[int] = set()  # a module registered twice (TargetModel.decoder_layers) is visited once
+
+    def walk(module: nn.Module) -> None:
+        for name, child in module.named_children():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            if name.endswith("norm") or name == "mlp":
+                if not (child._forward_hooks or child._forward_pre_hooks):
+                    parts.append(child)
+            else:
+                walk(child)
+
+    walk(root)
+    return parts
+
+
+def compile_modules(model: nn.Module, layers, level: str = "light", *, backend: str = "inductor",
+                    dynamic: bool = True) -> int:
+    """Compile the `level` parts of `model` in place (idempotent per model).
+
+    Args:
+        model: the module tree (a `TargetModel` or a draft model); it is marked as compiled.
+        layers: its decoder layers (`"full"` compiles each one's attention, `self_attn`).
+        level: `"light"` or `"full"` (module docstring).
+        backend: the `torch.compile` backend (`"inductor"`; CPU tests use `"eager"`).
+        dynamic: compile with symbolic shapes.
+    Returns:
+        How many modules this call compiled (0 when `model` was compiled before at this level, with
+        whichever backend that call used).
+    """
+    if level not in COMPILE_LEVELS:
+        raise ValueError(f"compile level {level!r}: use one of {COMPILE_LEVELS}")
+    done = getattr(model, COMPILED_FLAG, None)
+    if done is not None:  # (level, backend) of the first call; a later call keeps that backend
+        if done[0] != level:
+            raise ValueError(f"{type(model).__name__} was compiled at level {done[0]!r}, not {level!r}; build a "
+                             "fresh model to change the compile level")
+        return 0
+    parts = _light_parts(model)
+    if level == "full":
+        attention = [layer.self_attn for layer in layers]
+        parts += attention
+        config = torch._dynamo.config
+        # One compile per layer and shape class; transformers' attention forwards share one decorator
+        # frame across model classes, so every compiled model of the process counts against one limit.
+        config.recompile_limit = max(config.recompile_limit, 16 * len(attention))
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 64 * len(attention))
+    for part in parts:
+        part.compile(backend=backend, dynamic=dynamic)
+    setattr(model, COMPILED_FLAG, (level, backend))
+    return len(parts)
+
+
+@contextlib.contextmanager
+def eager_forward(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, compiled modules run their original (uncompiled) code."""
+    if not enabled:
+        yield
+        return
+    with torch.compiler.set_stance("force_eager"):
+        yield

@@ -1,0 +1,209 @@
+"""Where the engine's decoding step spends its GPU time, and what regional torch.compile buys.
+
+    OUT=/tmp/o python scripts/gpu_step_profile.py [--variants base,light,full] [--budget-s 540]
+
+Qwen3-8B shape, bf16, random weights, 5-layer random DFlash2 draft, context 512 (the engine
+benchmark's models, `dflash2.engine.bench.build_models`). For each variant of the target:
+
+- **graph ms/step**: median whole-step time of the CUDA-graph engine (replayed steps only) for
+  AR, the DFlash2 draft and the device oracle (whose proposals cost almost nothing, so its step
+  is the target's verify + commit) at several (batch, N);
+- **kernel profile** (eager loop, `torch.profiler`, CUDA activity): GPU time and launches per
+  step by kernel family, from two runs that differ only in their number of steps (the
+  difference removes the prefill), and the heaviest kernels.
+
+Variants: `base` = the engine without torch.compile; `light` / `full` = `compile_level="light"` /
+`"full"` (`dflash2.engine.compiled`). A compile is in place, so variants run in the order given
+on one set of models until a variant needs another compile level, which gets fresh models. Writes `$OUT/step_profile.json` and
+`$OUT/step_profile.md` after every cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dflash2.engine import speculative_generate  # noqa: E402
+from dflash2.engine.bench import build_models  # noqa: E402
+from dflash2.evaluation.oracle import DeviceOracleProposer  # noqa: E402
+
+FAMILIES = [  # first match wins (attention before GEMM: some attention kernels are CUTLASS)
+    ("attention", re.compile(r"fmha|flash|attention|sdpa|cudnn|softmax")),
+    ("inductor", re.compile(r"^triton_")),
+    ("dflash2 triton", re.compile(r"_topk_|_selector_|_verify_|_keyed_|_grouped_dynamic_conv")),
+    ("gemm", re.compile(r"gemm|gemv|nvjet|xmma|cutlass|splitk|cublas|matmul")),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled")),
+    ("reduce", re.compile(r"reduce")),
+    ("index/scatter", re.compile(r"scatter|gather|index")),
+    ("copy/cat/fill", re.compile(r"copy|cat|memcpy|memset|fill")),
+]
+
+
+def family(name: str) -> str:
+    low = name.lower()
+    return next((f for f, pat in FAMILIES if pat.search(low)), "other")
+
+
+def kernels(fn) -> dict[str, tuple[int, float]]:
+    """{kernel name: (launches, GPU us)} of one call of `fn`."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if e.device_type == DeviceType.CUDA:
+            out[e.key] = (e.count, e.self_device_time_total)
+    return out
+
+
+def step_profile(run, short: int, long: int) -> dict:
+    """Per-step launches and GPU us by family: (profile(long) - profile(short)) / (long - short) steps."""
+    run(short)  # warm-up
+    a, b = kernels(lambda: run(short)), kernels(lambda: run(long))
+    steps = long - short
+    per = {}
+    for name in set(a) | set(b):
+        n = (b.get(name, (0, 0.0))[0] - a.get(name, (0, 0.0))[0]) / steps
+        us = (b.get(name, (0, 0.0))[1] - a.get(name, (0, 0.0))[1]) / steps
+        if n > 0 or us > 0.5:
+            per[name] = (n, us)
+    fams: dict[str, list[float]] = {}
+    for name, (n, us) in per.items():
+        f = fams.setdefault(family(name), [0.0, 0.0])
+        f[0] += n
+        f[1] += us
+    top = sorted(per.items(), key=lambda kv: -kv[1][1])[:14]
+    return {"launches": sum(n for n, _ in per.values()), "gpu_us": sum(us for _, us in per.values()),
+            "families": {k: {"launches": v[0], "us": v[1]} for k, v in sorted(fams.items(), key=lambda kv: -kv[1][1])},
+            "top": [{"name": k[:110], "launches": n, "us": us, "family": family(k)} for k, (n, us) in top]}
+
+
+def oracle(batch: int, ids: torch.Tensor, vocab: int) -> DeviceOracleProposer:
+    refs = [row.tolist() + [7] * 64 for row in ids]
+    return DeviceOracleProposer(refs, list(range(batch)), 16, 0.0, vocab, ids.device)
+
+
+def graph_ms(target, proposer, ids, n: int, new_tokens: int, **kw) -> dict:
+    t0 = time.perf_counter()
+    out = speculative_generate(target, proposer, ids, max_new_tokens=new_tokens,
+                               num_speculative_tokens=n if proposer is not None else None, **kw)
+    wall = time.perf_counter() - t0
+    t = out.times
+    replayed = [v for v, r in zip(t.verify, t.replayed) if r]
+    if not replayed:
+        raise RuntimeError(f"no graph replay ({t.graph_error})")
+    return {"ms_step": statistics.median(replayed) * 1e3, "replays": len(replayed), "steps": len(t.verify),
+            "first_call_s": wall}
+
+
+def render(res: dict) -> str:
+    lines = ["# Step profile (`scripts/gpu_step_profile.py`)", "", res["meta"], ""]
+    lines += ["## Graph ms/step (median of replayed steps)", "", "| variant | batch | arm | N | ms/step | first call s |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for c in res["graph"]:
+        ms = f"{c['ms_step']:.2f}" if "ms_step" in c else c.get("error", "-")
+        lines.append(f"| {c['variant']} | {c['batch']} | {c['arm']} | {c['n']} | {ms} | {c.get('first_call_s', 0):.1f} |")
+    for p in res["profiles"]:
+        lines += ["", f"## Kernels per step, eager loop: {p['variant']}, batch {p['batch']}, {p['arm']} N={p['n']}", "",
+                  f"{p['launches']:.0f} launches, {p['gpu_us'] / 1e3:.2f} ms of kernel time per step", "",
+                  "| family | launches | ms |", "| --- | --- | --- |"]
+        lines += [f"| {k} | {v['launches']:.0f} | {v['us'] / 1e3:.3f} |" for k, v in p["families"].items()]
+        lines += ["", "| kernel | family | launches | ms |", "| --- | --- | --- | --- |"]
+        lines += [f"| `{t['name']}` | {t['family']} | {t['launches']:.0f} | {t['us'] / 1e3:.3f} |" for t in p["top"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default="base,light,full")
+    ap.add_argument("--cells", default="1:0,1:15,1:7,8:0,8:7,32:0,32:3", help="batch:N list (N=0: AR)")
+    ap.add_argument("--profile-cells", default="1:0,1:15,32:3")
+    ap.add_argument("--variant-cells", default="", help="per-variant overrides, e.g. 'base=32:3;full=1:0,1:15'")
+    ap.add_argument("--variant-profile-cells", default="", help="the same for --profile-cells ('-' = none)")
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--budget-s", type=float, default=540)
+    args = ap.parse_args()
+    out = Path(os.environ.get("OUT", "."))
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    dev = torch.device("cuda")
+    target, draft = build_models("qwen3-8b", dev)
+    vocab = target.vocab_size
+    res = {"meta": f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; Qwen3-8B shape bf16 random, "
+                   f"5-layer draft, context 512, {args.new_tokens} new tokens", "graph": [], "profiles": []}
+
+    def save() -> None:
+        (out / "step_profile.json").write_text(json.dumps(res, indent=1))
+        (out / "step_profile.md").write_text(render(res))
+
+    def cells(text):
+        return [tuple(int(x) for x in c.split(":")) for c in text.split(",")]
+
+    def overrides(text):
+        return dict(item.split("=", 1) for item in text.split(";") if item)
+
+    var_cells, var_prof = overrides(args.variant_cells), overrides(args.variant_profile_cells)
+    for variant in args.variants.split(","):
+        if variant not in ("base", "light", "full"):
+            raise SystemExit(f"unknown variant {variant!r}")
+        kw = {"compile_level": None if variant == "base" else variant}
+        done = getattr(target, "_dflash2_compiled", None)
+        if done is not None and done[0] != variant:  # compiles are in place: fresh models for another level
+            del target, draft
+            torch.cuda.empty_cache()
+            target, draft = build_models("qwen3-8b", dev)
+        for batch, n in cells(var_cells.get(variant, args.cells)):
+            if time.perf_counter() - t_start > args.budget_s:
+                break
+            ids = torch.randint(0, vocab, (batch, 512), generator=torch.Generator().manual_seed(batch)).to(dev)
+            arms = [("AR", None)] if n == 0 else [("dflash2", draft), ("oracle", oracle(batch, ids, vocab))]
+            for arm, prop in arms:
+                cell = {"variant": variant, "batch": batch, "arm": arm, "n": n}
+                try:
+                    cell.update(graph_ms(target, prop, ids, n, args.new_tokens, **kw))
+                except Exception as e:  # keep the other cells
+                    cell["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                print(cell, flush=True)
+                res["graph"].append(cell)
+                save()
+        prof = var_prof.get(variant, args.profile_cells)
+        for batch, n in (cells(prof) if prof != "-" else []):
+            if time.perf_counter() - t_start > args.budget_s:
+                break
+            ids = torch.randint(0, vocab, (batch, 512), generator=torch.Generator().manual_seed(batch)).to(dev)
+            prop = draft if n else None
+
+            def run(new, prop=prop, ids=ids, n=n):
+                speculative_generate(target, prop, ids, max_new_tokens=new, num_speculative_tokens=n or None,
+                                     graphs=False, **kw)
+            try:
+                p = step_profile(run, 4, 12)
+                p.update(variant=variant, batch=batch, arm="dflash2" if n else "AR", n=n)
+                res["profiles"].append(p)
+                print(f"profile {variant} b{batch} N{n}: {p['launches']:.0f} launches {p['gpu_us']:.0f} us", flush=True)
+            except Exception as e:
+                print(f"profile {variant} b{batch} N{n} failed: {e}", flush=True)
+            save()
+    from torch._dynamo.utils import counters
+
+    res["dynamo"] = {"stats": dict(counters["stats"]), "graph_breaks": {k[:200]: v for k, v in counters["graph_break"].items()}}
+    res["meta"] += f"; wall {time.perf_counter() - t_start:.0f} s; dynamo {res['dynamo']}"
+    save()
+
+
+if __name__ == "__main__":
+    main()

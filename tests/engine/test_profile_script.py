@@ -1,0 +1,50 @@
+"""scripts/gpu_step_profile.py's kernel accounting (the profile itself runs on the GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_step_profile.py"
+
+
+@pytest.fixture(scope="module")
+def mod():
+    spec = importlib.util.spec_from_file_location("gpu_step_profile_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name, family", [
+    ("nvjet_sm90_tst_128x16_64x11_4x1_v_bz_TNT", "gemm"),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float>", "gemm"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),  # CUTLASS, but attention
+    ("triton_red_fused__to_copy_mean_mul_pow_rsqrt_0", "inductor"),
+    ("_topk_chunk_kernel", "dflash2 triton"),
+    ("void at::native::vectorized_elementwise_kernel<4, rsqrt>", "elementwise"),
+    ("void at::native::reduce_kernel<512, 1, MeanOps>", "reduce"),
+    ("CatArrayBatchedCopy<OpaqueType<2u>>", "copy/cat/fill"),
+    ("some_new_kernel", "other"),
+])
+def test_kernel_families(mod, name, family):
+    assert mod.family(name) == family
+
+
+def test_step_profile_takes_the_difference_of_two_runs(mod, monkeypatch):
+    # Prefill kernels appear once in both runs; each decoding step adds 2 GEMMs and 3 norm kernels.
+    def fake(steps):
+        return {"prefill_gemm_nvjet": (1, 500.0), "nvjet_x": (2 * steps, 10.0 * 2 * steps),
+                "triton_per_fused_mean": (3 * steps, 2.0 * 3 * steps)}
+
+    runs = []
+    monkeypatch.setattr(mod, "kernels", lambda fn: fn())
+    res = mod.step_profile(lambda steps: runs.append(steps) or fake(steps), 4, 12)
+    assert runs == [4, 4, 12]  # warm-up, then the two measured runs
+    assert res["launches"] == pytest.approx(5) and res["gpu_us"] == pytest.approx(26.0)
+    assert res["families"]["gemm"] == {"launches": 2, "us": 20.0}
+    assert res["families"]["inductor"] == {"launches": 3, "us": 6.0}
+    assert "prefill_gemm_nvjet" not in {t["name"] for t in res["top"]}
