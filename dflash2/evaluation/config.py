@@ -106,6 +106,10 @@ class EvalConfig:
             engine takes one seed per row), so batching never changes a sample's draws.
         exact: run the engine's exact mode (greedy speculative output equal to AR bit for bit,
             also in bf16); every departure from AR then fails the run.
+        compile_level: null | light | full: the engine's regional torch.compile of target and
+            draft modules on CUDA (`dflash2.engine.compiled`; faster steps, a compile per shape
+            class first; in bf16 greedy outputs may differ from an uncompiled run at near-ties,
+            so it is part of the run's identity). Not with `exact`.
         compute_logprob: record the target's mean log-probability of each output (one extra
             target forward per distinct output).
         compute_departure: for outputs that differ from AR, the target's top-1/top-2 logit
@@ -132,6 +136,7 @@ class EvalConfig:
     seed: int = 0
     batch_size: int = 1
     exact: bool = False
+    compile_level: str | None = None
     compute_logprob: bool = True
     compute_departure: bool = True
     judge: str | None = None
@@ -167,6 +172,11 @@ def validate(cfg: Any) -> None:
     ns = list(cfg.arms.num_speculative_tokens) + list(cfg.arms.oracle_num_speculative_tokens or [])
     if any(n < 1 for n in ns):
         raise ValueError(f"arms.num_speculative_tokens has values < 1 ({ns}); the AR arm is arms.ar")
+    level = getattr(cfg, "compile_level", None)
+    if level not in (None, "light", "full"):
+        raise ValueError(f"compile_level={level!r}: use null (off), light or full")
+    if level is not None and cfg.exact:
+        raise ValueError(f"compile_level={level} with exact=true: exact mode pins the stock kernels; drop one")
     if not 0.0 <= cfg.arms.oracle_accept_prob <= 1.0:
         raise ValueError(f"arms.oracle_accept_prob={cfg.arms.oracle_accept_prob}: must be in [0, 1]")
 

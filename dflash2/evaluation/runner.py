@@ -346,6 +346,9 @@ class EvalRunner:
         draft = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl, references=refs,
                               seeds=seeds, accept_prob=cfg.arms.oracle_accept_prob)
         kw = {"exact": True} if cfg.exact else {}
+        level = getattr(cfg, "compile_level", None)
+        if level is not None and self.target.device.type == "cuda":  # the CPU runs the stock modules
+            kw["compile_level"] = level
         t0 = self._clock()
         try:
             out = speculative_generate(
