@@ -16,7 +16,9 @@ is paid by an untimed run before its cell. On CPU our arms run uncompiled.
 
 Per-step time: ours = median over the steps after `--warmup-steps` of draft + select + verify
 from `speculative_generate(..., timing=True)` (the device is synchronized at every phase
-boundary; commit is inside verify). HF = (median time of `generate` for `--new-tokens` tokens
+boundary; commit is inside verify). On CUDA a step is one graph replay with no phase boundary
+inside; the phase column then splits it as draft + select / verify + commit, the latter being
+the step of a second run with the device oracle at the same N, which proposes for free. HF = (median time of `generate` for `--new-tokens` tokens
 - median time of `generate` for 1 token, i.e. the prefill) / (`--new-tokens` - 1), after one
 warm-up call (the compile for the compiled arm). The compiled cells run last in each call and
 keep transformers' defaults (a second batch size recompiles with a dynamic batch dimension), so
@@ -232,6 +234,20 @@ def _peak_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
+def _oracle_step_ms(target, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
+                    compile_level: str | None) -> float:
+    """Median graph step (ms) with `DeviceOracleProposer` at N = n, accepting nothing: the
+    verify + commit part of a speculative step (its proposal is a few gathers)."""
+    from dflash2.engine.generate import speculative_generate
+    from dflash2.evaluation.oracle import DeviceOracleProposer
+
+    oracle = DeviceOracleProposer([row.tolist() for row in ids], list(range(ids.shape[0])), MAX_N + 1, 0.0,
+                                  int(target.vocab_size), ids.device)
+    t = speculative_generate(target, oracle, ids, max_new_tokens=new_tokens, num_speculative_tokens=n, timing=True,
+                             compile_level=compile_level).times
+    return statistics.median(t.verify[warmup_steps:]) * 1e3
+
+
 def run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
              compile_level: str | None = None) -> dict:
     """Our AR (n = 0) or speculative step at N = n: per-step and per-phase medians (ms)."""
@@ -252,8 +268,15 @@ def run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_s
     med = lambda xs: statistics.median(xs[warmup_steps:]) * 1e3  # noqa: E731
     if t.graph_replays:
         # A replayed step is one graph: `verify` holds the whole step, there are no phase readings.
-        return {"ms_step": med(t.verify), "tokens_step": out.stats()["tau_pooled"],
-                "phases_ms": {"draft": None, "select": None, "verify": None}, "extra": extra}
+        # The split comes from a second run whose proposer costs nothing: the device oracle at the
+        # same N (accepting nothing, as the random draft does) runs the same verify + commit, so
+        # draft + select = this step - that step.
+        ms = med(t.verify)
+        phases = {"draft": None, "select": None, "verify": None}
+        if n > 0:
+            verify_ms = _oracle_step_ms(target, ids, n, new_tokens, warmup_steps, compile_level)
+            phases = {"draft_select": ms - verify_ms, "verify": verify_ms, "method": "oracle difference"}
+        return {"ms_step": ms, "tokens_step": out.stats()["tau_pooled"], "phases_ms": phases, "extra": extra}
     draft_s = t.draft or [0.0] * steps
     select_s = t.select or [0.0] * steps
     per_step = [d + s + v for d, s, v in zip(draft_s, select_s, t.verify)][warmup_steps:]
@@ -370,7 +393,7 @@ def render(runs: list[dict]) -> str:
     for ctx in sorted({c["context"] for c in cells}):
         lines += [f"## Context {ctx}", "",
                   "| batch | arm | ms/step | tokens/step | tokens/s | x HF eager | x HF compile | x floor | "
-                  "draft / select / verify ms | peak GiB |", "|" + " --- |" * 10]
+                  "phases ms: draft / select / verify (graphs: draft+select / verify) | peak GiB |", "|" + " --- |" * 10]
         for c in sorted((c for c in cells if c["context"] == ctx), key=lambda c: (c["batch"], _arm_order(c))):
             if c["status"] != "ok":
                 lines.append(f"| {c['batch']} | {c['arm']} | {c['status']} | | | | | | | |")
@@ -378,6 +401,8 @@ def render(runs: list[dict]) -> str:
             ph = c["phases_ms"]
             if ph is None:
                 phases = "-"
+            elif ph.get("method") == "oracle difference":
+                phases = f"{ph['draft_select']:.2f} / {ph['verify']:.2f} (oracle diff.)"
             elif ph["verify"] is None:
                 phases = "one graph replay"  # the whole step was captured: no phase boundaries to read
             else:

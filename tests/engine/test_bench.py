@@ -151,3 +151,43 @@ def test_every_arm_runs_on_cuda(tmp_path):
     compiled = [c for c in run["cells"] if c["arm"] == bench.HF_COMPILE]
     assert compiled and all(c["extra"]["compiled"] for c in compiled)
     assert all(c["x_hf_compile"] is not None for c in run["cells"])
+
+
+def test_graph_steps_split_into_draft_and_verify_by_the_oracle_run(monkeypatch):
+    """On CUDA a step is one replay; the phase split is that step minus the device oracle's step
+    at the same N (stand-in engine: replayed steps of 10 ms with the draft, 7 ms with the oracle)."""
+    import torch
+
+    from dflash2.engine import generate
+    from dflash2.engine.generate import SpeculativeOutput
+    from dflash2.engine.stats import StepTimes
+    from dflash2.evaluation.oracle import DeviceOracleProposer
+
+    seen = []
+
+    def fake(target, drafter, ids, **kw):
+        seen.append((type(drafter).__name__, kw["num_speculative_tokens"], kw["compile_level"]))
+        ms = 7.0 if isinstance(drafter, DeviceOracleProposer) else 10.0
+        steps = kw["max_new_tokens"] - 1
+        times = StepTimes(verify=[0.05] + [ms / 1e3] * (steps - 1), replayed=[False] + [True] * (steps - 1))
+        return SpeculativeOutput([], [[0] * steps], [4], ["length"], kw["num_speculative_tokens"] or 0, times)
+
+    monkeypatch.setattr(generate, "speculative_generate", fake)
+    target, draft = bench.build_models("tiny", torch.device("cpu"))
+    ids = torch.randint(0, 100, (2, 8))
+    res = bench.run_ours(target, draft, ids, 3, 12, 2, compile_level="light")
+    assert seen == [("DFlash2DraftModel", 3, "light"), ("DFlash2DraftModel", 3, "light"),
+                    ("DeviceOracleProposer", 3, "light")]  # compile warm-up, timed run, oracle run
+    assert res["ms_step"] == pytest.approx(10.0)
+    assert res["phases_ms"]["verify"] == pytest.approx(7.0)
+    assert res["phases_ms"]["draft_select"] == pytest.approx(3.0)
+    row = bench.render([{"meta": {"part": "all", "command": "x", "wall_s": 1.0, "device_name": "d", "torch": "t",
+                                  "transformers": "t", "shape": "tiny", "shape_desc": "s", "new_tokens": 12,
+                                  "warmup_steps": 2},
+                         "floors": {"copy_gbs": 1.0, "gemm_tflops": 1.0, "linear_params": 1,
+                                    "kv_bytes_per_token": 1},
+                         "cells": [{"context": 8, "batch": 2, "arm": "ours N=3", "n": 3, "status": "ok",
+                                    "peak_gib": None, "floors": None, **res}]}])
+    assert "3.00 / 7.00 (oracle diff.)" in row
+    ar = bench.run_ours(target, draft, ids, 0, 12, 2)
+    assert ar["phases_ms"] == {"draft": None, "select": None, "verify": None}  # nothing to split for AR
