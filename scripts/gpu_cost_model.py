@@ -130,8 +130,9 @@ def generate(target, prompts, n, refs, seeds, args):
         kw = dict(block_size=16, accept_prob=args.accept_prob, vocab_size=target.vocab_size)
         draft = (DeviceOracleProposer(refs, seeds, device=target.device, **kw) if graphs else
                  TimedOracle(OracleProposer(refs, seeds, **kw), target.device))
+    level = None if args.compile_level == "none" or not graphs else args.compile_level
     return speculative_generate(target, draft, prompts, max_new_tokens=args.gen, num_speculative_tokens=n,
-                                temperature=0.0, timing=True, graphs=graphs)
+                                temperature=0.0, timing=True, graphs=graphs, compile_level=level)
 
 
 def measure(target, ctx: int, ns: list[int], args, rng: np.random.Generator) -> dict:
@@ -183,6 +184,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.10, help="pass if |tokens/s error| <= this")
     ap.add_argument("--engine", choices=["graphs", "eager"], default=None,
                     help="the engine's CUDA-graph step (default on CUDA) or the eager loop (default on CPU)")
+    ap.add_argument("--compile-level", choices=["none", "light", "full"], default="light",
+                    help="the graph engine's compile_level (dflash2.engine.compiled; default light)")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU model: checks the script runs, measures nothing")
     args = ap.parse_args(argv)
     args.engine = args.engine or ("eager" if args.smoke else "graphs")
