@@ -135,6 +135,8 @@ def main() -> None:
     ap.add_argument("--variant-cells", default="", help="per-variant overrides, e.g. 'base=32:3;full=1:0,1:15'")
     ap.add_argument("--variant-profile-cells", default="", help="the same for --profile-cells ('-' = none)")
     ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--attention-impl", choices=["torch", "triton"], default="torch",
+                    help="the target attention kernel of every run (dflash2.kernels.row_attention)")
     ap.add_argument("--budget-s", type=float, default=540)
     args = ap.parse_args()
     out = Path(os.environ.get("OUT", "."))
@@ -144,7 +146,8 @@ def main() -> None:
     target, draft = build_models("qwen3-8b", dev)
     vocab = target.vocab_size
     res = {"meta": f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; Qwen3-8B shape bf16 random, "
-                   f"5-layer draft, context 512, {args.new_tokens} new tokens", "graph": [], "profiles": []}
+                   f"5-layer draft, context 512, {args.new_tokens} new tokens, attention {args.attention_impl}",
+           "graph": [], "profiles": []}
 
     def save() -> None:
         (out / "step_profile.json").write_text(json.dumps(res, indent=1))
@@ -160,7 +163,7 @@ def main() -> None:
     for variant in args.variants.split(","):
         if variant not in ("base", "light", "full"):
             raise SystemExit(f"unknown variant {variant!r}")
-        kw = {"compile_level": None if variant == "base" else variant}
+        kw = {"compile_level": None if variant == "base" else variant, "attention_impl": args.attention_impl}
         done = getattr(target, "_dflash2_compiled", None)
         if done is not None and done[0] != variant:  # compiles are in place: fresh models for another level
             del target, draft

@@ -235,7 +235,7 @@ def _peak_gib(device: torch.device) -> float | None:
 
 
 def _oracle_step_ms(target, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
-                    compile_level: str | None) -> float:
+                    compile_level: str | None, attention_impl: str = "torch") -> float:
     """Median graph step (ms) with `DeviceOracleProposer` at N = n, accepting nothing: the
     verify + commit part of a speculative step (its proposal is a few gathers)."""
     from dflash2.engine.generate import speculative_generate
@@ -244,21 +244,19 @@ def _oracle_step_ms(target, ids: torch.Tensor, n: int, new_tokens: int, warmup_s
     oracle = DeviceOracleProposer([row.tolist() for row in ids], list(range(ids.shape[0])), MAX_N + 1, 0.0,
                                   int(target.vocab_size), ids.device)
     t = speculative_generate(target, oracle, ids, max_new_tokens=new_tokens, num_speculative_tokens=n, timing=True,
-                             compile_level=compile_level).times
+                             compile_level=compile_level, attention_impl=attention_impl).times
     return statistics.median(t.verify[warmup_steps:]) * 1e3
 
 
 def run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
-             compile_level: str | None = None) -> dict:
+             compile_level: str | None = None, attention_impl: str = "torch") -> dict:
     """Our AR (n = 0) or speculative step at N = n: per-step and per-phase medians (ms)."""
     from dflash2.engine.generate import speculative_generate
 
+    kw = dict(num_speculative_tokens=n if n > 0 else None, compile_level=compile_level, attention_impl=attention_impl)
     if compile_level is not None:  # pay the compile of this shape class outside the timed run
-        speculative_generate(target, draft if n > 0 else None, ids, max_new_tokens=warmup_steps + 3,
-                             num_speculative_tokens=n if n > 0 else None, compile_level=compile_level)
-    out = speculative_generate(target, draft if n > 0 else None, ids, max_new_tokens=new_tokens,
-                               num_speculative_tokens=n if n > 0 else None, timing=True,
-                               compile_level=compile_level)
+        speculative_generate(target, draft if n > 0 else None, ids, max_new_tokens=warmup_steps + 3, **kw)
+    out = speculative_generate(target, draft if n > 0 else None, ids, max_new_tokens=new_tokens, timing=True, **kw)
     t = out.times
     steps = len(t.verify)
     if steps <= warmup_steps:
@@ -274,7 +272,7 @@ def run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_s
         ms = med(t.verify)
         phases = {"draft": None, "select": None, "verify": None}
         if n > 0:
-            verify_ms = _oracle_step_ms(target, ids, n, new_tokens, warmup_steps, compile_level)
+            verify_ms = _oracle_step_ms(target, ids, n, new_tokens, warmup_steps, compile_level, attention_impl)
             phases = {"draft_select": ms - verify_ms, "verify": verify_ms, "method": "oracle difference"}
         return {"ms_step": ms, "tokens_step": out.stats()["tau_pooled"], "phases_ms": phases, "extra": extra}
     draft_s = t.draft or [0.0] * steps
@@ -382,7 +380,9 @@ def render(runs: list[dict]) -> str:
         m = r["meta"]
         lines.append(f"- part {m['part']}: `{m['command']}` ({m['wall_s']:.0f} s wall)")
     levels = sorted({r["meta"].get("compile_level", "none") for r in runs})
-    lines += ["", f"Our arms' compile level: {', '.join(levels)} (`dflash2.engine.compiled`).", "",
+    attn = sorted({r["meta"].get("attention_impl", "torch") for r in runs})
+    lines += ["", f"Our arms' compile level: {', '.join(levels)} (`dflash2.engine.compiled`); attention kernel: "
+              f"{', '.join(attn)} (`dflash2.kernels.row_attention`).", "",
               f"Device: {m0['device_name']} | torch {m0['torch']} | transformers {m0['transformers']} | "
               f"shape {m0['shape']} ({m0['shape_desc']}) | {m0['new_tokens']} new tokens per cell, median over "
               f"steps after {m0['warmup_steps']} warm-up steps", "",
@@ -464,6 +464,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="HF arms: generate calls per timing (median)")
     p.add_argument("--part", choices=["1", "2", "3", "all"], default="all")
     p.add_argument("--arms", default="hf_eager,hf_compile,ours", help="subset of hf_eager,hf_compile,ours")
+    p.add_argument("--attention-impl", choices=["torch", "triton"], default="torch",
+                   help="our arms' target attention kernel (dflash2.kernels.row_attention; torch = SDPA + mask)")
     p.add_argument("--compile-level", choices=["none", "light", "full"], default="light",
                    help="our arms' compile_level (dflash2.engine.compiled; none = stock modules); the compile of "
                         "each shape class is paid in an untimed run before the cell")
@@ -536,7 +538,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                     "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
                     "torch": torch.__version__, "transformers": transformers.__version__,
                     "new_tokens": args.new_tokens, "warmup_steps": args.warmup_steps, "wall_s": 0.0,
-                    "compile_level": level},
+                    "compile_level": level, "attention_impl": args.attention_impl},
            "floors": {"copy_gbs": floors.copy_gbs, "gemm_tflops": floors.gemm_tflops,
                       "linear_params": floors.linear_params, "target_weight_bytes": floors.target_bytes,
                       "draft_weight_bytes": floors.draft_bytes, "kv_bytes_per_token": floors.kv_bytes_per_token},
@@ -576,7 +578,7 @@ def main(argv: list[str] | None = None) -> dict | None:
             try:
                 if kind == "ours":
                     res = run_ours(target, draft, ids, n, args.new_tokens, args.warmup_steps,
-                                   None if level == "none" else level)
+                                   None if level == "none" else level, args.attention_impl)
                 else:
                     res = run_hf(hf_model, ids, args.new_tokens, kind == "hf_compile", args.repeats)
                 peak = _peak_gib(dev)

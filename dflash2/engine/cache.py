@@ -13,7 +13,9 @@ through transformers' public extension points:
 - `row_attention` is registered in `transformers.AttentionInterface` as `"dfl2_row_static"`.
   It masks per row: key slot `j` is visible to query `i` of row `b` iff
   `j <= positions[b, i]` (= `len_b + i`), and, on a sliding layer with window `W`, also
-  `j > positions[b, i] - W` (the HF sliding-window convention). The positions come from the
+  `j > positions[b, i] - W` (the HF sliding-window convention). The kernel is
+  `dflash2.kernels.row_attention`: SDPA with a mask built once per forward (`"torch"`, the
+  default), or a split-key GQA Triton kernel that needs no mask (`attention_kernel("triton")`). The positions come from the
   `position_ids` kwarg, which stock Qwen3/Llama decoder layers forward to the attention
   function. We deliberately do *not* register a mask function in `AttentionMaskInterface`:
   for an implementation name missing there, `masking_utils` returns no mask at all
@@ -36,11 +38,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from dflash2.kernels.row_attention import row_attention as row_attention_kernel
+from dflash2.kernels.row_attention import MAX_TILE_ROWS, visible_mask
+
 # The name must not contain "flash": transformers treats any such name as a FlashAttention
 # kernel request (`is_flash_attention_requested` is a substring test) and tries to load it.
 ATTN_IMPLEMENTATION = "dfl2_row_static"
 # Set by the engine for the duration of an exact-mode call (see `exact_attention`).
 _EXACT: contextvars.ContextVar[bool] = contextvars.ContextVar("dfl2_exact_attention", default=False)
+# The resolved attention kernel of the current call, "torch" or "triton" (see `attention_kernel`).
+_KERNEL: contextvars.ContextVar[str] = contextvars.ContextVar("dfl2_attention_kernel", default="torch")
 
 
 class _RowState:
@@ -184,11 +191,7 @@ def _visible(position_ids: torch.Tensor, b: int, q: int, kv: int, window: int | 
     key = (id(position_ids), position_ids._version, b, q, kv, device) if not tracing else None
     if key is not None and key == _MASKS["key"] and window in _MASKS["masks"]:
         return _MASKS["masks"][window]
-    pos = position_ids.to(device).expand(b, q)[:, :, None]  # [B, q, 1]
-    slots = torch.arange(kv, device=device)[None, None, :]  # [1, 1, kv]
-    visible = slots <= pos
-    if window:
-        visible = visible & (slots > pos - window)
+    visible = visible_mask(position_ids.to(device), b, q, kv, window)
     if key is not None:
         if key != _MASKS["key"]:
             # Holding the tensor keeps its id from being reused by another tensor while cached.
@@ -229,10 +232,15 @@ def row_attention(
         raise RuntimeError(f"{ATTN_IMPLEMENTATION} builds its own per-row mask; got an HF mask as well")
     b, nh, q, _ = query.shape
     window = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
+    # (Exact mode never runs compiled, and dynamo cannot read a ContextVar: skip it while tracing.)
+    exact = query.is_cuda and not torch.compiler.is_compiling() and _EXACT.get()
+    # The Triton kernel takes decode / verify blocks (no mask tensor: visibility comes from the
+    # positions); prompts go through SDPA.
+    if not exact and _KERNEL.get() == "triton" and (nh // key.shape[1]) * q <= MAX_TILE_ROWS:
+        return row_attention_kernel(query, key, value, position_ids, window, scaling, impl="triton"), None
     visible = _visible(position_ids, b, q, key.shape[2], window, query.device)
     nkv = key.shape[1]
-    # (Exact mode never runs compiled, and dynamo cannot read a ContextVar: skip it while tracing.)
-    if query.is_cuda and not torch.compiler.is_compiling() and _EXACT.get():
+    if exact:
         # Exact mode: the memory-efficient kernel walks the keys of each (row, head, query tile)
         # in one sequential loop, so a row's result depends neither on its batch neighbours nor on
         # a masked key tail; the default choice on Hopper (cuDNN) picks shape-dependent plans
@@ -244,18 +252,8 @@ def row_attention(
         with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=visible[:, None], scale=scaling)
         return out.transpose(1, 2).contiguous(), None
-    out = F.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=visible[:, None],  # [B, 1, q, kv]
-        dropout_p=dropout if module.training else 0.0,
-        scale=scaling,
-        # The stock attention modules know their group size as a plain int; the shapes may be
-        # symbolic under torch.compile, where SDPA refuses a symbolic enable_gqa.
-        enable_gqa=getattr(module, "num_key_value_groups", nh // nkv) != 1,
-    )
-    return out.transpose(1, 2).contiguous(), None
+    # Inference only (the engine never trains the target): no dropout.
+    return row_attention_kernel(query, key, value, position_ids, window, scaling, impl="torch", visible=visible), None
 
 
 # Registered behind `torch.compiler.disable`: with `compile_level="full"` (dflash2.engine.compiled)
@@ -272,6 +270,19 @@ def exact_attention(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         _EXACT.reset(token)
+
+
+@contextlib.contextmanager
+def attention_kernel(impl: str) -> Iterator[None]:
+    """Inside the block, `row_attention` runs `impl` (resolved: `"torch"` = SDPA with a mask,
+    `"triton"` = `dflash2.kernels.row_attention`); exact mode keeps its own kernel either way."""
+    if impl not in ("torch", "triton"):
+        raise ValueError(f"attention kernel must be a resolved 'torch' or 'triton', got {impl!r}")
+    token = _KERNEL.set(impl)
+    try:
+        yield
+    finally:
+        _KERNEL.reset(token)
 
 
 @contextlib.contextmanager

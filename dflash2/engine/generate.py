@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash2.engine.cache import StaticTargetCache, exact_attention, static_attention
+from dflash2.engine.cache import StaticTargetCache, attention_kernel, exact_attention, static_attention
 from dflash2.engine.compiled import compile_modules, eager_forward
 from dflash2.engine.draft import DFlash2Proposer, DraftStep, Proposal
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, StepGraphs
@@ -181,6 +181,7 @@ def speculative_generate(
     exact_block_size: int | None = None,
     graphs: bool | None = None,
     compile_level: str | None = None,
+    attention_impl: str = "torch",
 ) -> SpeculativeOutput:
     """Generate with DFlash2 speculative decoding (or the AR baseline), losslessly.
 
@@ -212,6 +213,9 @@ def speculative_generate(
             draft's) small-kernel modules with `torch.compile` first, in place and once per model
             (`dflash2.engine.compiled`): fused norm / activation (and, "full", attention-side)
             kernels. The prefill stays uncompiled; each new shape class pays its compile once.
+        attention_impl: the target attention's kernel, `"torch"` (default: SDPA with a per-row
+            mask) | `"triton"` | `"auto"` (Triton on CUDA), resolved once
+            (`dflash2.kernels.row_attention`). Exact mode keeps its own kernel.
     Returns:
         `SpeculativeOutput`.
     """
@@ -220,7 +224,8 @@ def speculative_generate(
     checked = check_generate_inputs(
         target, draft, input_ids, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids, impl=impl,
-        timing=timing, exact=exact, exact_block_size=exact_block_size, graphs=graphs, compile_level=compile_level)
+        timing=timing, exact=exact, exact_block_size=exact_block_size, graphs=graphs, compile_level=compile_level,
+        attention_impl=attention_impl)
     tgt: TargetModel = checked.target
     rows, n_spec, draft = checked.rows, checked.num_speculative_tokens, checked.draft
     proposer_like = draft is not None and hasattr(draft, "propose")
@@ -235,6 +240,7 @@ def speculative_generate(
         return SpeculativeOutput([r.cpu() for r in rows], [[] for _ in rows], plen_host, ["length"] * bsz, n_spec)
 
     impl = resolve_impl(impl, device)
+    attn_impl = resolve_impl(checked.attention_impl, device)
     if checked.compile_level is not None:
         compile_modules(tgt, tgt.decoder_layers, checked.compile_level)
         if draft is not None and not proposer_like:  # a DFlash2 draft model; its attention is ours: light only
@@ -289,7 +295,7 @@ def speculative_generate(
     empty_d = torch.zeros(bsz, 0, dtype=torch.long, device=device)
     empty_q = torch.zeros(bsz, 0, 1, dtype=torch.float32, device=device)
 
-    with static_attention(tgt.model), exact_attention(exact):
+    with static_attention(tgt.model), exact_attention(exact), attention_kernel(attn_impl):
         t_start = clock()
         pos = torch.arange(p_max, device=device)[None].expand(bsz, p_max)
         if exact:

@@ -49,6 +49,7 @@ class GenerateInputs:
     exact_block_size: int = 16
     graphs: bool = False
     compile_level: str | None = None
+    attention_impl: str = "torch"
 
 
 def _graphs_arg(graphs, tgt: TargetModel, draft, exact: bool) -> bool:
@@ -239,6 +240,7 @@ def check_generate_inputs(
     exact_block_size=None,
     graphs=None,
     compile_level=None,
+    attention_impl="torch",
 ) -> GenerateInputs:
     """Check every argument of `speculative_generate` (same names) on the host.
 
@@ -312,4 +314,7 @@ def check_generate_inputs(
     if compile_level is not None and exact:
         _fail("compile_level", f"is {compile_level!r} with exact=True (compiled kernels sum in other orders than "
               "the stock ones, and exact mode pins the stock kernels)", "drop one of the two")
-    return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, exact_block_size, use_graphs, compile_level)
+    if attention_impl not in IMPLS:
+        _fail("attention_impl", f"is {attention_impl!r}", f"use one of {IMPLS}")
+    return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, exact_block_size, use_graphs, compile_level,
+                          attention_impl)

@@ -8,7 +8,9 @@ device-to-device copy timed in the same run), and the speedup over the torch ref
 eagerly and captured in a CUDA graph. Inputs rotate over several buffers (> L2 in total where
 memory allows) so repeated calls do not time the cache. Shapes: H 4096, V 151936, query block
 16 (N = 15 drafts), k 16 candidates, rank 256, conv K 2, g 16, bf16 activations/weights,
-fp32 target logits. ``--sweep`` also times alternative tilings (used to pick the defaults).
+fp32 target logits; row attention at Qwen3-8B heads (32 / 8, hd 128) over a 512-token context
+with 1, 4 and 16 queries per row (the reference is SDPA with the per-row mask, the engine's
+default). ``--sweep`` also times alternative tilings (used to pick the defaults).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from dflash2.kernels.dynamic_conv import _grouped_dynamic_conv_triton, grouped_dynamic_conv
+from dflash2.kernels.row_attention import row_attention
 from dflash2.kernels.selector import selector_walk
 from dflash2.kernels.topk import _vocab_topk_triton, vocab_topk
 from dflash2.kernels.verify import _verify_block_triton, verify_block
@@ -140,6 +143,24 @@ def verify_case(batch: int, sampled: bool, block: int | None = None, num_warps: 
     return tri, ref, nbytes, f"[{batch},{Q},{V}] fp32 {'T=1' if sampled else 'T=0'}"
 
 
+def attention_case(batch: int, queries: int, context: int = 512):
+    """One target layer's attention: Qwen3-8B heads (32 query / 8 K/V, hd 128), `queries` per row
+    (1 = AR decode, 16 = a verify block), a static cache of `context` + one block of slots."""
+    dev, heads, kv_heads, hd = "cuda", 32, 8, 128
+    slots = context + Q
+    nbytes = 2 * batch * kv_heads * (context + queries) * hd * 2  # K and V read once
+    sets = []
+    for _ in range(_n_sets(nbytes, 16)):
+        q = torch.randn(batch, queries, heads, hd, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+        k = torch.randn(batch, kv_heads, slots, hd, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(batch, kv_heads, slots, hd, device=dev, dtype=torch.bfloat16)
+        pos = (torch.full((batch, 1), context, device=dev) + torch.arange(queries, device=dev)).long()
+        sets.append((q, k, v, pos))
+    tri = [(lambda s=s: row_attention(*s, impl="triton")) for s in sets]
+    ref = [(lambda s=s: row_attention(*s, impl="torch")) for s in sets]
+    return tri, ref, nbytes, f"B{batch} q{queries} 32/8 heads hd128 kv{slots} bf16"
+
+
 def step_fns(batch: int, impl: str):
     """All DFlash2-specific work of one step: 20 conv applications, top-K, walk, verify."""
     conv_tri, conv_ref, _, _ = conv_case(batch)
@@ -213,6 +234,9 @@ def main(argv: list[str] | None = None) -> str:
         for sampled in (False, True):
             tri, ref, nbytes, shape = verify_case(batch, sampled)
             row("verify_block", batch, shape, nbytes, tri, ref, reps=10)
+        for queries in (1, 4, 16):
+            tri, ref, nbytes, shape = attention_case(batch, queries)
+            row("row_attention (1 layer)", batch, shape, nbytes, tri, ref)
         st = _time_graph_us([step_fns(batch, "triton")], 3)
         sr = _time_graph_us([step_fns(batch, "torch")], 3)
         step_rows.append((batch, st, sr))

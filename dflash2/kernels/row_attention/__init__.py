@@ -1,0 +1,99 @@
+"""Per-row masked GQA attention over the engine's static K/V cache (`dflash2.engine.cache`).
+
+The torch reference is SDPA with an explicit `[B, 1, q, kv]` mask. On the H200 that ran cuDNN's
+kernel with a 64-row query tile per head: 17.5 us a call at one row and 16 queries, 121 us at
+32 rows and 4 queries, where reading the K/V takes about 10 us (`docs/PERFORMANCE.md`, step
+profile). The Triton kernel reads each key block once per K/V head for all the group's query
+heads and queries, builds no mask tensor (visibility comes from the positions), skips keys past
+a row's last position, and splits the keys over programs so that a batch of one still fills the
+GPU (flash-decoding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dflash2.kernels.row_attention.reference import row_attention_reference, visible_mask
+
+try:
+    from dflash2.kernels.row_attention import triton_kernels as _tk
+except ImportError:  # triton missing: only impl="torch" works (resolve_impl says so)
+    _tk = None
+
+__all__ = ["row_attention", "row_attention_reference", "visible_mask", "split_count", "MAX_TILE_ROWS"]
+
+MAX_TILE_ROWS = 64  # query heads per K/V head x queries: decode and verify blocks, not prompts
+_BLOCK_N = 64
+_PROGRAMS = 264  # about two programs per SM on an H200 (132 SMs)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int = _BLOCK_N, programs: int = _PROGRAMS) -> int:
+    """Key splits per (row, K/V head): enough programs to fill the GPU, at least a block each."""
+    blocks = max(1, -(-kv_len // block_n))
+    return max(1, min(blocks, programs // max(1, batch * kv_heads)))
+
+
+def _row_attention_triton(query, key, value, positions, window, scale, splits=None, block_n=_BLOCK_N):
+    b, nh, q, hd = query.shape
+    nkv, kv = key.shape[1], key.shape[2]
+    if nh % nkv:
+        raise ValueError(f"{nh} query heads are not a multiple of {nkv} K/V heads")
+    if hd < 16 or hd & (hd - 1):
+        raise ValueError(f"head_dim {hd}: the Triton kernel needs a power of two >= 16; use impl='torch'")
+    g = nh // nkv
+    if g * q > MAX_TILE_ROWS:
+        raise ValueError(f"{g} query heads per K/V head x {q} queries = {g * q} tile rows > {MAX_TILE_ROWS}: the "
+                         "Triton kernel is for decode / verify blocks; use impl='torch' for prompts")
+    m = max(16, _next_pow2(g * q))
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    if key.stride(-1) != 1 or value.stride(-1) != 1:
+        key, value = key.contiguous(), value.contiguous()
+    pos = positions.to(device=query.device, dtype=torch.long)
+    if pos.dim() != 2 or pos.shape[-1] != q or pos.shape[0] not in (1, b):
+        raise ValueError(f"positions {tuple(pos.shape)} do not match queries [B={b}, q={q}]")
+    splits = splits or split_count(b, nkv, kv, block_n)
+    chunk = -(-kv // splits)
+    chunk = -(-chunk // block_n) * block_n
+    splits = max(1, -(-kv // chunk))
+    dev = query.device
+    acc = torch.empty(b * nkv * splits * m, hd, dtype=torch.float32, device=dev)
+    mx = torch.empty(b * nkv * splits * m, dtype=torch.float32, device=dev)
+    sm = torch.empty_like(mx)
+    out = torch.empty(b, q, nh, hd, dtype=query.dtype, device=dev)
+    common = dict(NKV=nkv, G=g, Q=q, HD=hd, M=m, SPLITS=splits)
+    _tk._row_attn_split_kernel[(b * nkv, splits)](
+        query, key, value, pos, acc, mx, sm, kv, chunk, float(scale if scale is not None else hd ** -0.5),
+        query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
+        value.stride(0), value.stride(1), value.stride(2), pos.stride(0) if pos.shape[0] > 1 else 0, pos.stride(1),
+        BLOCK_N=block_n, WINDOW=int(window or 0), IEEE=query.dtype == torch.float32, num_warps=4, **common)
+    _tk._row_attn_merge_kernel[(b * nkv,)](acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2),
+                                           num_warps=4, **common)
+    return out
+
+
+def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, positions: torch.Tensor,
+                  window: int | None = None, scale: float | None = None, *, impl: str = "torch",
+                  visible: torch.Tensor | None = None) -> torch.Tensor:
+    """Masked GQA attention of `query [B, nh, q, hd]` over `key/value [B, nkv, kv, hd]`.
+
+    Key slot `j` is visible to query `i` of row `b` iff `j <= positions[b, i]` (and, with a
+    `window`, `j > positions[b, i] - window`). Every query must see at least one key.
+
+    Args:
+        impl: `"torch"` (SDPA with the mask; `visible` may pass a prebuilt one) or `"triton"`
+            (already resolved, `dflash2.kernels.dispatch.resolve_impl`).
+    Returns:
+        `[B, q, nh, hd]`.
+    """
+    if impl == "torch":
+        return row_attention_reference(query, key, value, positions, window, scale, visible=visible)
+    if impl != "triton":
+        raise ValueError(f"impl must be a resolved 'torch' or 'triton', got {impl!r}")
+    if _tk is None:
+        raise RuntimeError("impl='triton' needs the triton package; use impl='torch'")
+    return _row_attention_triton(query, key, value, positions, window, scale)

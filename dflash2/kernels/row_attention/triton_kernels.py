@@ -1,0 +1,101 @@
+# Per-row masked GQA attention over a static K/V cache, split over the keys (two launches).
+#
+# Stage 1, one program per (row b, K/V head h, key split s): the G = nh / nkv query heads of the
+# group and the Q queries of the block form M = G * Q tile rows (row r = head g * Q + query i),
+# so every key block is read once for the whole group. The keys of split s are walked in
+# BLOCK_N blocks with an online softmax (running max m, sum l, fp32 accumulator); key j is
+# visible to tile row r iff j <= pos[b, i] (and j > pos[b, i] - WINDOW with a window), and
+# blocks past the largest position of the row are skipped. The split's (m, l, acc) go to a
+# workspace. Stage 2, one program per (b, h): merge the splits' partials
+# (acc = sum_s e^(m_s - m) acc_s, l likewise) and write out[b, i, h * G + g, :] = acc / l.
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_attn_split_kernel(
+    q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, m_ptr, l_ptr,
+    kv_len, chunk, scale,
+    s_qb, s_qh, s_qi, s_kb, s_kh, s_kj, s_vb, s_vh, s_vj, s_pb, s_pi,
+    NKV: tl.constexpr, G: tl.constexpr, Q: tl.constexpr, HD: tl.constexpr, M: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
+    b = pid // NKV
+    h = pid % NKV
+    r = tl.arange(0, M)
+    g = r // Q
+    i = r % Q
+    row_ok = r < G * Q
+    d = tl.arange(0, HD)
+    pos = tl.load(pos_ptr + b * s_pb + i * s_pi, mask=row_ok, other=-1)  # [M] int64
+    qt = tl.load(q_ptr + b * s_qb + (h * G + g)[:, None] * s_qh + i[:, None] * s_qi + d[None, :],
+                 mask=row_ok[:, None], other=0.0)  # [M, HD]
+    start = s * chunk
+    end = tl.minimum(start + chunk, kv_len)
+    end = tl.minimum(end, tl.max(pos, axis=0) + 1)  # later keys are visible to no row
+    m_i = tl.full([M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([M], dtype=tl.float32)
+    acc = tl.zeros([M, HD], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        j = n0 + tl.arange(0, BLOCK_N)
+        j_ok = j < end
+        kt = tl.load(k_ptr + b * s_kb + h * s_kh + j[:, None] * s_kj + d[None, :], mask=j_ok[:, None], other=0.0)
+        if IEEE:  # fp32 inputs: full fp32 products (tf32 would round them)
+            sc = tl.dot(qt, tl.trans(kt), input_precision="ieee") * scale  # [M, BLOCK_N]
+        else:
+            sc = tl.dot(qt, tl.trans(kt)).to(tl.float32) * scale
+        vis = j_ok[None, :] & (j[None, :] <= pos[:, None])
+        if WINDOW > 0:
+            vis = vis & (j[None, :] > pos[:, None] - WINDOW)
+        sc = tl.where(vis, sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alive = m_new > float("-inf")  # rows that have seen a visible key so far
+        alpha = tl.where(alive, tl.exp(m_i - tl.where(alive, m_new, 0.0)), 1.0)
+        p = tl.where(vis, tl.exp(sc - tl.where(alive, m_new, 0.0)[:, None]), 0.0)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_ptr + b * s_vb + h * s_vh + j[:, None] * s_vj + d[None, :], mask=j_ok[:, None], other=0.0)
+        if IEEE:
+            pv = tl.dot(p, vt, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(vt.dtype), vt).to(tl.float32)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    base = (pid * SPLITS + s) * M
+    tl.store(m_ptr + base + r, m_i)
+    tl.store(l_ptr + base + r, l_i)
+    tl.store(acc_ptr + (base + r)[:, None] * HD + d[None, :], acc)
+
+
+@triton.jit
+def _row_attn_merge_kernel(
+    acc_ptr, m_ptr, l_ptr, out_ptr,
+    s_ob, s_oi, s_oh,
+    NKV: tl.constexpr, G: tl.constexpr, Q: tl.constexpr, HD: tl.constexpr, M: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = pid // NKV
+    h = pid % NKV
+    r = tl.arange(0, M)
+    d = tl.arange(0, HD)
+    m_all = tl.full([M], float("-inf"), dtype=tl.float32)
+    for s in range(SPLITS):
+        m_all = tl.maximum(m_all, tl.load(m_ptr + (pid * SPLITS + s) * M + r))
+    alive = m_all > float("-inf")
+    ref = tl.where(alive, m_all, 0.0)
+    l_all = tl.zeros([M], dtype=tl.float32)
+    acc = tl.zeros([M, HD], dtype=tl.float32)
+    for s in range(SPLITS):
+        base = (pid * SPLITS + s) * M
+        m_s = tl.load(m_ptr + base + r)
+        w = tl.where(m_s > float("-inf"), tl.exp(m_s - ref), 0.0)
+        l_all += w * tl.load(l_ptr + base + r)
+        acc += w[:, None] * tl.load(acc_ptr + (base + r)[:, None] * HD + d[None, :])
+    out = acc / tl.where(l_all > 0, l_all, 1.0)[:, None]  # a row with no visible key gives 0
+    g = r // Q
+    i = r % Q
+    row_ok = r < G * Q
+    tl.store(out_ptr + b * s_ob + i[:, None] * s_oi + (h * G + g)[:, None] * s_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
