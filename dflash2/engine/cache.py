@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -180,7 +181,14 @@ class StaticTargetCache(Cache):
 
 # The last forward's masks: every layer of one forward gets the same `position_ids` tensor, so the
 # mask is built once per forward and window instead of once per layer (three kernels a layer).
-_MASKS: dict = {"key": None, "masks": {}}
+# Per thread, so that engine calls in two threads never hand each other a mask.
+_LOCAL = threading.local()
+
+
+def _mask_cache() -> dict:
+    if not hasattr(_LOCAL, "masks"):
+        _LOCAL.masks = {"key": None, "masks": {}}
+    return _LOCAL.masks
 
 
 def _visible(position_ids: torch.Tensor, b: int, q: int, kv: int, window: int | None,
@@ -189,14 +197,15 @@ def _visible(position_ids: torch.Tensor, b: int, q: int, kv: int, window: int | 
     tracing = torch.compiler.is_compiling()
     # Same tensor object, unmodified since (its version counter), same shapes: the mask still holds.
     key = (id(position_ids), position_ids._version, b, q, kv, device) if not tracing else None
-    if key is not None and key == _MASKS["key"] and window in _MASKS["masks"]:
-        return _MASKS["masks"][window]
+    cached = _mask_cache()
+    if key is not None and key == cached["key"] and window in cached["masks"]:
+        return cached["masks"][window]
     visible = visible_mask(position_ids.to(device), b, q, kv, window)
     if key is not None:
-        if key != _MASKS["key"]:
+        if key != cached["key"]:
             # Holding the tensor keeps its id from being reused by another tensor while cached.
-            _MASKS.update(key=key, masks={}, positions=position_ids)
-        _MASKS["masks"][window] = visible
+            cached.update(key=key, masks={}, positions=position_ids)
+        cached["masks"][window] = visible
     return visible
 
 

@@ -7,11 +7,13 @@ run). The GPU runs Inductor: `tests/gpu/test_compiled.py`.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from dflash2.engine import speculative_generate
-from dflash2.engine.cache import _MASKS, _visible
+from dflash2.engine.cache import _mask_cache, _visible
 from dflash2.engine.compiled import COMPILED_FLAG, _light_parts, compile_modules
 from dflash2.engine.inputs import GenerateInputError
 from dflash2.target import TargetModel
@@ -103,7 +105,12 @@ def test_visible_mask_is_cached_per_forward_and_rebuilt_after_in_place_changes()
     again = _visible(pos, 2, 2, 6, None, torch.device("cpu"))
     assert torch.equal(again, torch.arange(6)[None, None, :] <= pos[:, :, None])
     assert _visible(pos, 2, 2, 7, None, torch.device("cpu")).shape == (2, 2, 7)  # another K/V length
-    assert _MASKS["positions"] is pos
+    assert _mask_cache()["positions"] is pos
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(_mask_cache()["key"]))
+    thread.start()
+    thread.join()
+    assert seen == [None]  # another thread starts with an empty cache
 
 
 def test_draft_head_reads_contiguous_rows():
