@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dflash2.engine import speculative_generate  # noqa: E402
 from dflash2.engine.bench import build_models  # noqa: E402
+from dflash2.engine.compiled import COMPILED_FLAG  # noqa: E402
 from dflash2.evaluation.oracle import DeviceOracleProposer  # noqa: E402
 
 FAMILIES = [  # first match wins (attention before GEMM: some attention kernels are CUTLASS)
@@ -164,7 +165,7 @@ def main() -> None:
         if variant not in ("base", "light", "full"):
             raise SystemExit(f"unknown variant {variant!r}")
         kw = {"compile_level": None if variant == "base" else variant, "attention_impl": args.attention_impl}
-        done = getattr(target, "_dflash2_compiled", None)
+        done = getattr(target.model, COMPILED_FLAG, None)
         if done is not None and done[0] != variant:  # compiles are in place: fresh models for another level
             del target, draft
             torch.cuda.empty_cache()

@@ -43,6 +43,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from dflash2.target import TargetModel
+
 COMPILE_LEVELS = ("light", "full")
 COMPILED_FLAG = "_dflash2_compiled"
 
@@ -73,7 +75,8 @@ def compile_modules(model: nn.Module, layers, level: str = "light", *, backend: 
     """Compile the `level` parts of `model` in place (idempotent per model).
 
     Args:
-        model: the module tree (a `TargetModel` or a draft model); it is marked as compiled.
+        model: the module tree (a `TargetModel` or a draft model); it (a TargetModel's HF model)
+            is marked as compiled.
         layers: its decoder layers (`"full"` compiles each one's attention, `self_attn`).
         level: `"light"` or `"full"` (module docstring).
         backend: the `torch.compile` backend (`"inductor"`; CPU tests use `"eager"`).
@@ -84,7 +87,10 @@ def compile_modules(model: nn.Module, layers, level: str = "light", *, backend: 
     """
     if level not in COMPILE_LEVELS:
         raise ValueError(f"compile level {level!r}: use one of {COMPILE_LEVELS}")
-    done = getattr(model, COMPILED_FLAG, None)
+    # The mark sits on the HF model itself: `speculative_generate` wraps a plain HF model in a new
+    # TargetModel per call, and compiling its modules again would start their compiles over.
+    owner = model.model if isinstance(model, TargetModel) else model
+    done = getattr(owner, COMPILED_FLAG, None)
     if done is not None:  # (level, backend) of the first call; a later call keeps that backend
         if done[0] != level:
             raise ValueError(f"{type(model).__name__} was compiled at level {done[0]!r}, not {level!r}; build a "
@@ -101,7 +107,7 @@ def compile_modules(model: nn.Module, layers, level: str = "light", *, backend: 
         config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 64 * len(attention))
     for part in parts:
         part.compile(backend=backend, dynamic=dynamic)
-    setattr(model, COMPILED_FLAG, (level, backend))
+    setattr(owner, COMPILED_FLAG, (level, backend))
     return len(parts)
 
 

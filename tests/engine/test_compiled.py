@@ -82,8 +82,10 @@ def test_compile_levels_are_checked():
     with pytest.raises(ValueError, match="use one of"):
         compile_modules(target, target.decoder_layers, "max")
     compile_modules(target, target.decoder_layers, "light", backend="eager")
-    assert getattr(target, COMPILED_FLAG) == ("light", "eager")
+    assert getattr(target.model, COMPILED_FLAG) == ("light", "eager")
     assert compile_modules(target, target.decoder_layers, "light") == 0  # idempotent, keeps its backend
+    again = TargetModel(target.model)  # what speculative_generate makes of a plain HF model, per call
+    assert compile_modules(again, again.decoder_layers, "light") == 0
     with pytest.raises(ValueError, match="compiled at level 'light', not 'full'"):
         compile_modules(target, target.decoder_layers, "full")
     with pytest.raises(GenerateInputError, match="compile_level"):
