@@ -1,8 +1,8 @@
 """Per-row masked GQA attention over the engine's static K/V cache (`dflash2.engine.cache`).
 
-The torch reference is SDPA with an explicit `[B, 1, q, kv]` mask. On the H200 that ran cuDNN's
-kernel with a 64-row query tile per head: 17.5 us a call at one row and 16 queries, 121 us at
-32 rows and 4 queries, where reading the K/V takes about 10 us (`docs/PERFORMANCE.md`, step
+The torch reference is SDPA with an explicit `[B, 1, q, kv]` mask. On the H200 that ran a cuDNN
+kernel with 64-row query tiles (by its name): 17.5 us a call at one row and 16 queries, 121 us at
+32 rows and 4 queries, where reading the K/V takes about 17 us (`docs/PERFORMANCE.md`, step
 profile). The Triton kernel reads each key block once per K/V head for all the group's query
 heads and queries, builds no mask tensor (visibility comes from the positions), skips keys past
 a row's last position, and splits the keys over programs so that a batch of one still fills the
