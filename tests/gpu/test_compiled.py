@@ -18,31 +18,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash2 import DFlash2DraftModel, speculative_generate
+from dflash2 import speculative_generate
 from dflash2.engine.graphs import sync_check
 from dflash2.evaluation.oracle import DeviceOracleProposer
-from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
+from tests.gpu.helpers import small_cuda_models
 
 pytestmark = pytest.mark.gpu
 
 VOCAB = 4096
 
 
-def _models():
-    target = tiny_qwen3(vocab=VOCAB, hidden=128, layers=4, seed=0).cuda().float()
-    cfg = tiny_draft_config(hidden=128, vocab=VOCAB, block_size=16, selector_top_k=16, selector_rank=32,
-                            conv_group_size=16, target_layer_ids=[0, 2])
-    draft = randomize_(DFlash2DraftModel(cfg), seed=1, std=0.05).cuda().float().eval()
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, VOCAB - 1, (n,), generator=gen).cuda() for n in (5, 17, 9, 30)]
-    return target, draft, prompts
-
-
 @pytest.mark.parametrize("level", ["light", "full"])
 def test_compiled_graph_path_is_lossless_and_replays(level):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    target, draft, prompts = _models()
+    target, draft, prompts = small_cuda_models(VOCAB)  # fresh: compiles work in place
     new = 80
     stock = speculative_generate(target, None, prompts, max_new_tokens=new, graphs=False)
     with sync_check():

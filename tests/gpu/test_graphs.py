@@ -23,10 +23,10 @@ import statistics
 import pytest
 import torch
 
-from dflash2 import DFlash2DraftModel, speculative_generate
+from dflash2 import speculative_generate
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, sync_check
 from dflash2.evaluation.oracle import DeviceOracleProposer
-from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
+from tests.gpu.helpers import small_cuda_models
 
 pytestmark = pytest.mark.gpu
 
@@ -38,12 +38,7 @@ RESULTS: dict = {}
 def models():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    target = tiny_qwen3(vocab=VOCAB, hidden=128, layers=4, seed=0).cuda().float()
-    cfg = tiny_draft_config(hidden=128, vocab=VOCAB, block_size=16, selector_top_k=16, selector_rank=32,
-                            conv_group_size=16, target_layer_ids=[0, 2])
-    draft = randomize_(DFlash2DraftModel(cfg), seed=1, std=0.05).cuda().float().eval()
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, VOCAB - 1, (n,), generator=gen).cuda() for n in (5, 17, 9, 30)]
+    target, draft, prompts = small_cuda_models(VOCAB)
     yield target, draft, prompts
     out = os.environ.get("DFLASH2_GPU_OUT")
     if out:

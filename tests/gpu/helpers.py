@@ -1,0 +1,20 @@
+"""Models shared by the GPU tests of the graph and compiled paths."""
+
+from __future__ import annotations
+
+import torch
+
+from dflash2 import DFlash2DraftModel
+from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
+
+
+def small_cuda_models(vocab: int):
+    """(target, draft, prompts) in fp32 on CUDA: a 4-layer Qwen3 (hidden 128), a random DFlash2
+    draft (block 16, top-16, rank 32) on its layers 0 and 2, and four prompts of 5-30 tokens."""
+    target = tiny_qwen3(vocab=vocab, hidden=128, layers=4, seed=0).cuda().float()
+    cfg = tiny_draft_config(hidden=128, vocab=vocab, block_size=16, selector_top_k=16, selector_rank=32,
+                            conv_group_size=16, target_layer_ids=[0, 2])
+    draft = randomize_(DFlash2DraftModel(cfg), seed=1, std=0.05).cuda().float().eval()
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, vocab - 1, (n,), generator=gen).cuda() for n in (5, 17, 9, 30)]
+    return target, draft, prompts
