@@ -48,6 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dflash2.engine import speculative_generate  # noqa: E402
+from dflash2.engine.compiled import COMPILE_LEVELS  # noqa: E402
 from dflash2.engine.cost import AcceptanceProfile, StepCost, StepCostModel, predict_speedup  # noqa: E402
 from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer  # noqa: E402
 from dflash2.target import TargetModel  # noqa: E402
@@ -184,7 +185,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.10, help="pass if |tokens/s error| <= this")
     ap.add_argument("--engine", choices=["graphs", "eager"], default=None,
                     help="the engine's CUDA-graph step (default on CUDA) or the eager loop (default on CPU)")
-    ap.add_argument("--compile-level", choices=["none", "light", "full"], default="light",
+    ap.add_argument("--compile-level", choices=["none", *COMPILE_LEVELS], default="light",
                     help="the graph engine's compile_level (dflash2.engine.compiled; default light)")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU model: checks the script runs, measures nothing")
     args = ap.parse_args(argv)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dflash2.engine import speculative_generate  # noqa: E402
 from dflash2.engine.bench import build_models  # noqa: E402
-from dflash2.engine.compiled import COMPILED_FLAG  # noqa: E402
+from dflash2.engine.compiled import COMPILE_LEVELS, COMPILED_FLAG  # noqa: E402
 from dflash2.evaluation.oracle import DeviceOracleProposer  # noqa: E402
 
 FAMILIES = [  # first match wins (attention before GEMM: some attention kernels are CUTLASS)
@@ -162,7 +162,7 @@ def main() -> None:
 
     var_cells, var_prof = overrides(args.variant_cells), overrides(args.variant_profile_cells)
     for variant in args.variants.split(","):
-        if variant not in ("base", "light", "full"):
+        if variant not in ("base", *COMPILE_LEVELS):
             raise SystemExit(f"unknown variant {variant!r}")
         kw = {"compile_level": None if variant == "base" else variant, "attention_impl": args.attention_impl}
         done = getattr(target.model, COMPILED_FLAG, None)

@@ -60,6 +60,7 @@ from pathlib import Path
 
 import torch
 
+from dflash2.engine.compiled import COMPILE_LEVELS
 from dflash2.runconfig import DraftSpec, TargetSpec, new_draft, random_target_config
 
 SHAPES = {
@@ -468,7 +469,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--arms", default="hf_eager,hf_compile,ours", help="subset of hf_eager,hf_compile,ours")
     p.add_argument("--attention-impl", choices=["torch", "triton"], default="torch",
                    help="our arms' target attention kernel (dflash2.kernels.row_attention; torch = SDPA + mask)")
-    p.add_argument("--compile-level", choices=["none", "light", "full"], default="light",
+    p.add_argument("--compile-level", choices=["none", *COMPILE_LEVELS], default="light",
                    help="our arms' compile_level (dflash2.engine.compiled; none = stock modules); the compile of "
                         "each shape class is paid in an untimed run before the cell")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall seconds from start; later cells are skipped")

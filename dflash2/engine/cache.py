@@ -15,9 +15,9 @@ through transformers' public extension points:
   `j <= positions[b, i]` (= `len_b + i`), and, on a sliding layer with window `W`, also
   `j > positions[b, i] - W` (the HF sliding-window convention). The kernel is
   `dflash2.kernels.row_attention`: SDPA with a mask built once per forward (`"torch"`, the
-  default), or a split-key GQA Triton kernel that needs no mask (`attention_kernel("triton")`). The positions come from the
-  `position_ids` kwarg, which stock Qwen3/Llama decoder layers forward to the attention
-  function. We deliberately do *not* register a mask function in `AttentionMaskInterface`:
+  default), or a split-key GQA Triton kernel that needs no mask (`attention_kernel("triton")`).
+  The positions come from the `position_ids` kwarg, which stock Qwen3/Llama decoder layers
+  forward to the attention function. We deliberately do *not* register a mask function in `AttentionMaskInterface`:
   for an implementation name missing there, `masking_utils` returns no mask at all
   (`_preprocess_mask_arguments` early exit), so HF never builds a `[B, 1, q, kv]` mask of
   its own and the cache's `get_mask_sizes` is never consulted.
@@ -39,8 +39,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from dflash2.kernels.row_attention import row_attention as row_attention_kernel
 from dflash2.kernels.row_attention import MAX_TILE_ROWS, visible_mask
+from dflash2.kernels.row_attention import row_attention as row_attention_kernel
 
 # The name must not contain "flash": transformers treats any such name as a FlashAttention
 # kernel request (`is_flash_attention_requested` is a substring test) and tries to load it.

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 
 from dflash2.engine.compiled import COMPILE_LEVELS
-
 from dflash2.kernels.dispatch import IMPLS
 from dflash2.target import TargetModel, as_target
 

@@ -172,8 +172,10 @@ def validate(cfg: Any) -> None:
     ns = list(cfg.arms.num_speculative_tokens) + list(cfg.arms.oracle_num_speculative_tokens or [])
     if any(n < 1 for n in ns):
         raise ValueError(f"arms.num_speculative_tokens has values < 1 ({ns}); the AR arm is arms.ar")
+    from dflash2.engine.compiled import COMPILE_LEVELS
+
     level = getattr(cfg, "compile_level", None)
-    if level not in (None, "light", "full"):
+    if level is not None and level not in COMPILE_LEVELS:
         raise ValueError(f"compile_level={level!r}: use null (off), light or full")
     if level is not None and cfg.exact:
         raise ValueError(f"compile_level={level} with exact=true: exact mode pins the stock kernels; drop one")
