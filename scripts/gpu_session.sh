@@ -151,7 +151,7 @@ case $CALL in
   timeout 200 python3 -m dflash2.kernels.bench --batches 1 8 32 --out $OUT/kernels.md > $OUT/kernels.log 2>&1
   echo "kernel bench rc=$? after $((SECONDS - START)) s"; grep row_attention $OUT/kernels.md
   left=$((${LIMIT_S:-560} - (SECONDS - START)))
-  timeout $left python3 -m dflash2.engine.bench --batch 1,8,32 --context 512 --n 3,7,15 --new-tokens 32 \
+  timeout $left python3 -m dflash2.engine.bench --batch 1,8,32 --context 512 --n ${BENCH_N:-1,3,7,15} --new-tokens 32 \
     --compile-level light --attention-impl triton --budget-s $((left - 25)) --out $OUT/bench_attn.md \
     --json $OUT/bench_attn.json > $OUT/bench_attn.log 2>&1
   echo "bench rc=$? after $((SECONDS - START)) s"; head -40 $OUT/bench_attn.md 2>/dev/null
