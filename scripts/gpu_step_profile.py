@@ -136,7 +136,7 @@ def main() -> None:
     ap.add_argument("--variant-cells", default="", help="per-variant overrides, e.g. 'base=32:3;full=1:0,1:15'")
     ap.add_argument("--variant-profile-cells", default="", help="the same for --profile-cells ('-' = none)")
     ap.add_argument("--new-tokens", type=int, default=24)
-    ap.add_argument("--attention-impl", choices=["torch", "triton"], default="torch",
+    ap.add_argument("--attention-impl", choices=["auto", "torch", "triton"], default="auto",
                     help="the target attention kernel of every run (dflash2.kernels.row_attention)")
     ap.add_argument("--budget-s", type=float, default=540)
     args = ap.parse_args()

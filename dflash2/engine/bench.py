@@ -61,6 +61,7 @@ from pathlib import Path
 import torch
 
 from dflash2.engine.compiled import COMPILE_LEVELS
+from dflash2.kernels.dispatch import resolve_impl
 from dflash2.runconfig import DraftSpec, TargetSpec, new_draft, random_target_config
 
 SHAPES = {
@@ -236,7 +237,7 @@ def _peak_gib(device: torch.device) -> float | None:
 
 
 def _oracle_step_ms(target, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
-                    compile_level: str | None, attention_impl: str = "torch") -> float:
+                    compile_level: str | None, attention_impl: str = "auto") -> float:
     """Median graph step (ms) with `DeviceOracleProposer` at N = n, accepting nothing: the
     verify + commit part of a speculative step (its proposal is a few gathers)."""
     from dflash2.engine.generate import speculative_generate
@@ -250,7 +251,7 @@ def _oracle_step_ms(target, ids: torch.Tensor, n: int, new_tokens: int, warmup_s
 
 
 def run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
-             compile_level: str | None = None, attention_impl: str = "torch") -> dict:
+             compile_level: str | None = None, attention_impl: str = "auto") -> dict:
     """Our AR (n = 0) or speculative step at N = n: per-step and per-phase medians (ms)."""
     from dflash2.engine.generate import speculative_generate
 
@@ -467,8 +468,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "between single-call runs on the H200)")
     p.add_argument("--part", choices=["1", "2", "3", "all"], default="all")
     p.add_argument("--arms", default="hf_eager,hf_compile,ours", help="subset of hf_eager,hf_compile,ours")
-    p.add_argument("--attention-impl", choices=["torch", "triton"], default="torch",
-                   help="our arms' target attention kernel (dflash2.kernels.row_attention; torch = SDPA + mask)")
+    p.add_argument("--attention-impl", choices=["auto", "torch", "triton"], default="auto",
+                   help="our arms' target attention kernel (dflash2.kernels.row_attention; auto = the engine's "
+                        "default, Triton on CUDA; torch = SDPA + mask)")
     p.add_argument("--compile-level", choices=["none", *COMPILE_LEVELS], default="light",
                    help="our arms' compile_level (dflash2.engine.compiled; none = stock modules); the compile of "
                         "each shape class is paid in an untimed run before the cell")
@@ -541,7 +543,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                     "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
                     "torch": torch.__version__, "transformers": transformers.__version__,
                     "new_tokens": args.new_tokens, "warmup_steps": args.warmup_steps, "wall_s": 0.0,
-                    "compile_level": level, "attention_impl": args.attention_impl},
+                    "compile_level": level, "attention_impl": resolve_impl(args.attention_impl, dev)},
            "floors": {"copy_gbs": floors.copy_gbs, "gemm_tflops": floors.gemm_tflops,
                       "linear_params": floors.linear_params, "target_weight_bytes": floors.target_bytes,
                       "draft_weight_bytes": floors.draft_bytes, "kv_bytes_per_token": floors.kv_bytes_per_token},

@@ -48,7 +48,7 @@ class GenerateInputs:
     exact_block_size: int = 16
     graphs: bool = False
     compile_level: str | None = None
-    attention_impl: str = "torch"
+    attention_impl: str = "auto"
 
 
 def _graphs_arg(graphs, tgt: TargetModel, draft, exact: bool) -> bool:
@@ -239,7 +239,7 @@ def check_generate_inputs(
     exact_block_size=None,
     graphs=None,
     compile_level=None,
-    attention_impl="torch",
+    attention_impl="auto",
 ) -> GenerateInputs:
     """Check every argument of `speculative_generate` (same names) on the host.
 

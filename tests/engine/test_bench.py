@@ -167,7 +167,7 @@ def test_graph_steps_split_into_draft_and_verify_by_the_oracle_run(monkeypatch):
 
     def fake(target, drafter, ids, **kw):
         seen.append((type(drafter).__name__, kw["num_speculative_tokens"], kw["compile_level"]))
-        assert kw["attention_impl"] == "torch"
+        assert kw["attention_impl"] == "auto"
         ms = 7.0 if isinstance(drafter, DeviceOracleProposer) else 10.0
         steps = kw["max_new_tokens"] - 1
         times = StepTimes(verify=[0.05] + [ms / 1e3] * (steps - 1), replayed=[False] + [True] * (steps - 1))
