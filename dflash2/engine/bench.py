@@ -252,7 +252,19 @@ def _oracle_step_ms(target, ids: torch.Tensor, n: int, new_tokens: int, warmup_s
 
 def run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
              compile_level: str | None = None, attention_impl: str = "auto") -> dict:
-    """Our AR (n = 0) or speculative step at N = n: per-step and per-phase medians (ms)."""
+    """Our AR (n = 0) or speculative step at N = n: per-step and per-phase medians (ms). The
+    decoding state the engine keeps for a next call is freed afterwards, so no later cell's peak
+    memory holds it."""
+    from dflash2.engine.state import release_decode_state
+
+    try:
+        return _run_ours(target, draft, ids, n, new_tokens, warmup_steps, compile_level, attention_impl)
+    finally:
+        release_decode_state(target)
+
+
+def _run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
+              compile_level: str | None, attention_impl: str) -> dict:
     from dflash2.engine.generate import speculative_generate
 
     kw = dict(num_speculative_tokens=n if n > 0 else None, compile_level=compile_level, attention_impl=attention_impl)

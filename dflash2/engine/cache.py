@@ -60,6 +60,7 @@ class _RowState:
         self.positions: torch.Tensor | None = None  # [B, q] write slots of the current forward
         self.kv_len = max_len  # slots handed to attention: buffer[..., :kv_len]
         self.row: int | None = None  # set: the forward runs row `row` alone (a [1, ...] view of the buffers)
+        self.rows: int | None = None  # set: the forward runs rows 0..rows-1 (a [rows, ...] view of the buffers)
 
 
 class RowStaticLayer(CacheLayerMixin):
@@ -97,8 +98,13 @@ class RowStaticLayer(CacheLayerMixin):
                 f"forward's keys {tuple(key_states.shape)} before running the model"
             )
         b, nkv, q, _ = key_states.shape
-        row = self.state.row
-        keys, values = (self.keys, self.values) if row is None else (self.keys[row:row + 1], self.values[row:row + 1])
+        row, rows = self.state.row, self.state.rows
+        if row is not None:
+            keys, values = self.keys[row:row + 1], self.values[row:row + 1]
+        elif rows is not None:
+            keys, values = self.keys[:rows], self.values[:rows]
+        else:
+            keys, values = self.keys, self.values
         idx = pos[:, None, :, None].expand(b, nkv, q, keys.shape[-1])  # [B, nkv, q, hd]
         keys.scatter_(2, idx, key_states.to(self.dtype))
         idx_v = pos[:, None, :, None].expand(b, nkv, q, values.shape[-1])
@@ -156,20 +162,25 @@ class StaticTargetCache(Cache):
     def max_len(self) -> int:
         return self.state.max_len
 
-    def prepare(self, positions: torch.Tensor, kv_len: int | None = None, row: int | None = None) -> None:
+    def prepare(self, positions: torch.Tensor, kv_len: int | None = None, row: int | None = None,
+                rows: int | None = None) -> None:
         """Set the write slots `positions [B, q]` of the next forward.
 
         `kv_len` (host int, default `S_max`) bounds the key slots handed to attention; it must
         exceed every position written or read. A fixed `S_max` keeps shapes static (graph
         capture); a tighter bound is cheaper in eager mode. `row`: the next forward is row `row`
         alone (`positions [1, q]`); it reads and writes only that row's buffers, with exactly
-        the shapes of a batch of one (exact mode).
+        the shapes of a batch of one (exact mode). `rows`: the next forward is rows 0..rows-1
+        (`positions [rows, q]`; the graph path's batch buckets prefill only the real rows).
         """
-        if row is not None and not 0 <= row < self.state.lengths.numel():
-            raise ValueError(f"row={row} is outside the cache's {self.state.lengths.numel()} rows")
+        n = self.state.lengths.numel()
+        if row is not None and not 0 <= row < n:
+            raise ValueError(f"row={row} is outside the cache's {n} rows")
+        if rows is not None and (row is not None or not 0 < rows <= n):
+            raise ValueError(f"rows={rows}: must be in 1..{n} and not combined with row")
         self.state.positions = positions
         self.state.kv_len = self.state.max_len if kv_len is None else min(int(kv_len), self.state.max_len)
-        self.state.row = row
+        self.state.row, self.state.rows = row, rows
 
     def set_lengths(self, lengths: torch.Tensor) -> None:
         """Commit/rollback: row `b` keeps slots `< lengths[b]` (no data moves)."""

@@ -51,12 +51,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash2.engine.cache import StaticTargetCache, attention_kernel, exact_attention, static_attention
+from dflash2.engine.cache import attention_kernel, exact_attention, static_attention
 from dflash2.engine.compiled import compile_modules, eager_forward
-from dflash2.engine.draft import DFlash2Proposer, DraftStep, Proposal
+from dflash2.engine.draft import DFlash2Proposer
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, StepGraphs
 from dflash2.engine.inputs import check_generate_inputs
-from dflash2.engine.sampling import filter_logits, invalid_rows, row_seeds
+from dflash2.engine.sampling import invalid_rows, row_seeds
+from dflash2.engine.state import (LEN_BUCKET, DecodeState, batch_bucket, keep_state, kept_state, prefill_rows,
+                                  round_up, state_key)
 from dflash2.engine.stats import StepTimes, summarize
 from dflash2.kernels.dispatch import resolve_impl
 from dflash2.kernels.verify import verify_block
@@ -114,52 +116,6 @@ def _check_valid(bad: list[bool], what: str, step: int) -> None:
             f"{what} at step {step} for rows {rows} contain NaN, +inf or no finite entry; refusing to emit "
             "tokens from them (check the model's dtype/weights, or the inputs of those rows)"
         )
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def _prefill_rows(tgt: TargetModel, rows: list[torch.Tensor], cache: StaticTargetCache, layer_ids: list[int],
-                  p_max: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Exact-mode prefill: each prompt alone (a batch of one at its own length, written into
-    row b's slots of `cache`), so prefill shapes never depend on the other rows.
-
-    Returns:
-        `(first_logits [B, 1, V], features [B, p_max, n*H] or None)`, features zero past a row's end.
-    """
-    device = cache.lengths.device
-    logits, feats = [], []
-    for b, r in enumerate(rows):
-        n = r.numel()
-        pos = torch.arange(n, device=device)[None]
-        cache.prepare(pos, kv_len=n, row=b)
-        out = tgt(r.to(device)[None], position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=1)
-        logits.append(out.logits[:, -1:])
-        if out.features is not None:
-            feats.append(torch.nn.functional.pad(out.features, (0, 0, 0, p_max - n)))
-    return torch.cat(logits), (torch.cat(feats) if feats else None)
-
-
-def _forward_rows(tgt: TargetModel, block: torch.Tensor, pos: torch.Tensor, cache: StaticTargetCache,
-                  layer_ids: list[int], kv_len: int):
-    """Exact-mode block forward: one forward per row, each with the shapes of a batch of one.
-
-    GEMM kernels may pick other algorithms (other reduction orders) for another number of rows
-    M = B x W; on the H200 a bf16 Qwen3-8B-shaped row changed with its batch neighbours even
-    with the attention kernel fixed. Row by row, a row runs the very kernels it runs alone.
-
-    Returns:
-        `(logits [B, W, V], features [B, W, n*H] or None)`.
-    """
-    logits, feats = [], []
-    for b in range(block.shape[0]):
-        cache.prepare(pos[b:b + 1], kv_len=kv_len, row=b)
-        out = tgt(block[b:b + 1], position_ids=pos[b:b + 1], past_key_values=cache, layer_ids=layer_ids)
-        logits.append(out.logits)
-        if out.features is not None:
-            feats.append(out.features)
-    return torch.cat(logits), (torch.cat(feats) if feats else None)
 
 
 @torch.no_grad()
@@ -234,7 +190,6 @@ def speculative_generate(
 
     device = tgt.device
     bsz = len(rows)
-    plens = torch.tensor([r.numel() for r in rows], dtype=torch.long, device=device)
     plen_host = [r.numel() for r in rows]
     p_max = max(plen_host)
     if max_new_tokens == 0:
@@ -246,6 +201,8 @@ def speculative_generate(
         compile_modules(tgt, tgt.decoder_layers, checked.compile_level)
         if draft is not None and not proposer_like:  # a DFlash2 draft model; its attention is ours: light only
             compile_modules(draft, draft.layers, "light")
+    if draft is not None and not proposer_like and hasattr(draft, "set_kernel_impl"):
+        draft.set_kernel_impl(impl)
     # On CUDA a K/V length that grows by one every step gives attention a new shape every step,
     # and each new shape costs the default SDPA path a new plan: at batch 8 on the H200 the eager
     # loop ran 3x faster with one fixed length (docs/PERFORMANCE.md, exact mode). Masked tail
@@ -265,139 +222,88 @@ def speculative_generate(
     if exact:
         # One K/V length for every call whose rows fit the same bucket, so a row sees the same
         # attention shapes alone and in any batch (the kernel is tail-invariant as well).
-        max_len = _round_up(max_len, EXACT_KV_BUCKET)
-    trash = max_len  # a column of `tokens` that absorbs masked writes
-    tokens = torch.zeros(bsz, max_len + 1, dtype=torch.long, device=device)
-    for b, r in enumerate(rows):
-        tokens[b, : r.numel()] = r.to(device)
-    temps = torch.full((bsz,), float(temperature), dtype=torch.float32, device=device)
-    seeds = row_seeds(checked.seed, bsz, device)
+        max_len = round_up(max_len, EXACT_KV_BUCKET)
     stops = _stop_tensor(checked.stop_token_ids, device)
     sampled = temperature > 0
+    settings = dict(n_spec=n_spec, width=width, exact=exact, sampled=sampled, top_k=top_k if sampled else 0,
+                    top_p=top_p if sampled else 1.0, n_stops=None if stops is None else stops.numel(), impl=impl,
+                    layer_ids=layer_ids)
+    # The graph path with the AR baseline or a DFlash2 draft runs in a batch-bucket state kept on the
+    # target for the next call (dflash2.engine.state); a custom proposer's state is its own, per call.
+    state, key, batch = None, None, bsz
+    if checked.graphs and not proposer_like:
+        batch = batch_bucket(bsz)
+        key = state_key(tgt, draft, attention=attn_impl, compile_level=checked.compile_level, **settings)
+        state = kept_state(tgt, key, batch, max_len)
+        max_len = round_up(max_len, LEN_BUCKET)
+    if state is None:
+        if draft is None or proposer_like:
+            proposer = draft
+        else:
+            # A captured step cannot synchronize, so with graphs the proposer's own phase clock never syncs.
+            proposer = DFlash2Proposer(draft, tgt, batch, max_len, impl, time.perf_counter if checked.graphs else clock)
+        state = DecodeState(tgt, proposer, batch=batch, max_len=max_len, key=key, **settings)
+        state.lock.acquire()
+        if key is not None:
+            keep_state(tgt, state)
+    try:
+        return _decode(state, tgt, rows, checked, max_new_tokens=max_new_tokens, temperature=temperature, stops=stops,
+                       layer_ids=layer_ids, kv_bucket=kv_bucket, clock=clock, sync=sync, attn_impl=attn_impl)
+    finally:
+        state.lock.release()
 
-    def target_probs_input(logits: torch.Tensor) -> torch.Tensor:
-        return filter_logits(logits, temps, top_k, top_p) if sampled else logits.float()
 
-    if draft is None:
-        proposer = None
-    elif proposer_like:
-        proposer = draft
-    else:
-        if hasattr(draft, "set_kernel_impl"):
-            draft.set_kernel_impl(impl)
-        # A captured step cannot synchronize, so with graphs the proposer's own phase clock never syncs.
-        proposer = DFlash2Proposer(draft, tgt, bsz, max_len, impl, time.perf_counter if checked.graphs else clock)
-    cache = StaticTargetCache(tgt.config, bsz, max_len, tgt.dtype, device)
+def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], checked, *, max_new_tokens: int,
+            temperature: float, stops, layer_ids: list[int], kv_bucket: int, clock, sync: bool,
+            attn_impl: str) -> SpeculativeOutput:
+    """Prefill, then the decoding loop on `state` (its rows 0..len(rows)-1), then the outputs."""
+    device, exact, n_spec = tgt.device, state.exact, state.n_spec
+    bsz, batch, cache = len(rows), state.batch, state.cache
+    plen_host = [r.numel() for r in rows]
+    p_max = max(plen_host)
     times = StepTimes(synchronized=sync)
     accepted: list[list[int]] = [[] for _ in range(bsz)]
-    arange_blk = torch.arange(n_spec + 1, device=device)
-    arange_w = torch.arange(width, device=device)
-    pad = torch.zeros(bsz, width - n_spec - 1, dtype=torch.long, device=device)  # exact-mode pad slots
-    empty_d = torch.zeros(bsz, 0, dtype=torch.long, device=device)
-    empty_q = torch.zeros(bsz, 0, 1, dtype=torch.float32, device=device)
 
     with static_attention(tgt.model), exact_attention(exact), attention_kernel(attn_impl):
         t_start = clock()
+        state.load(rows, temperature, row_seeds(checked.seed, bsz, device), max_new_tokens, stops)
+        plens = state.plens[:bsz]
         pos = torch.arange(p_max, device=device)[None].expand(bsz, p_max)
         if exact:
-            first_logits, prefill_features = _prefill_rows(tgt, rows, cache, layer_ids, p_max)
+            first_logits, prefill_features = prefill_rows(tgt, rows, cache, layer_ids, p_max)
         else:
-            # ---- prefill: prompts right-padded; padding sits at slots the rows overwrite later.
-            ids = torch.zeros(bsz, p_max, dtype=torch.long, device=device)
-            for b, r in enumerate(rows):
-                ids[b, : r.numel()] = r.to(device)
-            last = plens - 1
-            keep, where_kept = torch.unique(last, return_inverse=True)
-            cache.prepare(pos, kv_len=p_max)
+            # ---- prefill of the real rows: prompts right-padded (loaded into `tokens`, zeros past
+            # each prompt); padding sits at slots the rows overwrite later.
+            ids = state.tokens[:bsz, :p_max]
+            keep, where_kept = torch.unique(plens - 1, return_inverse=True)
+            cache.prepare(pos, kv_len=p_max, rows=bsz if batch > bsz else None)
             with eager_forward(checked.compile_level is not None):  # no compile for one prompt-length forward
                 out = tgt(ids, position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=keep)
             first_logits = out.logits[torch.arange(bsz, device=device), where_kept][:, None]  # [B, 1, V]
             prefill_features = out.features
         _check_valid(invalid_rows(first_logits).tolist(), "target logits", 0)
-        _, first = verify_block(target_probs_input(first_logits), empty_d, empty_d[..., None], empty_q,
-                                temps, seeds, plens, impl=impl)
-        tokens[torch.arange(bsz, device=device), plens] = first
-        gen = torch.ones(bsz, dtype=torch.long, device=device)
-        done = gen >= max_new_tokens
-        if stops is not None:
-            done |= torch.isin(first, stops)
-        hit_stop = torch.isin(first, stops) if stops is not None else torch.zeros_like(done)
-        cache.set_lengths(plens)
-        ctx, ctx_pos, ctx_counts = prefill_features, pos, plens.clone()
+        empty_d = state.empty_d[:bsz]
+        _, first = verify_block(state.target_probs_input(first_logits), empty_d, empty_d[..., None],
+                                state.empty_q[:bsz], state.temps[:bsz], state.seeds[:bsz], plens, impl=state.impl)
+        if batch > bsz:  # idle bucket rows: token 0, no features
+            first = torch.cat([first, first.new_zeros(batch - bsz)])
+            if prefill_features is not None:
+                prefill_features = torch.cat([prefill_features, prefill_features.new_zeros(
+                    batch - bsz, *prefill_features.shape[1:])])
+        state.start(first, (prefill_features, torch.arange(p_max, device=device)[None].expand(batch, p_max),
+                            state.plens.clone()))
         times.prefill = clock() - t_start
         gen_host = [1] * bsz
-        done_host = done.tolist()
+        done_host = state.done.tolist()
         # Every buffer the step reads or writes is static and updated in place, so the step can run
         # eagerly or as a captured CUDA graph (dflash2.engine.graphs) on the same state. The first
-        # step reads the prompt's features; later steps read `ctx_bufs`, written by the step before.
-        ctx_bufs = [None, torch.zeros(bsz, n_spec + 1, dtype=torch.long, device=device),
-                    torch.zeros(bsz, dtype=torch.long, device=device)]  # features, positions, counts
-        step_ctx = [ctx, ctx_pos, ctx_counts]
-        report = torch.zeros(5, bsz, dtype=torch.long, device=device)  # the step's one device-to-host copy
-
-        def step_body(kv_len: int, record: bool = False) -> float:
-            """One decoding step on the static state; returns when its verify phase began (host clock)."""
-            active = ~done
-            start = plens + gen - 1  # [B] anchor positions
-            anchor = tokens.gather(1, start[:, None])[:, 0]
-            t0 = clock() if record else 0.0
-            if proposer is not None:
-                prop: Proposal = proposer.propose(DraftStep(
-                    anchor=anchor, start=start, context=step_ctx[0], context_positions=step_ctx[1],
-                    context_counts=torch.where(active, step_ctx[2], 0), temperature=temps, seeds=seeds,
-                    tokens=tokens, num_speculative_tokens=n_spec))
-                d, cand, q = prop.tokens, prop.cand_ids, prop.q
-                if record:
-                    times.draft.append(prop.draft_s)
-                    times.select.append(prop.select_s)
-                    t0 = clock()
-            else:
-                prop, d, cand, q = None, empty_d, empty_d[..., None], empty_q
-            # ---- verify: one target forward over [anchor, d_1..d_N] (+ exact-mode padding) at each
-            # row's own offset; only the first 1+N slots' logits and features are used.
-            block = torch.cat([anchor[:, None], d, pad], dim=1)  # [B, W]
-            pos_w = start[:, None] + arange_w
-            if exact:
-                all_logits, feats = _forward_rows(tgt, block, pos_w, cache, layer_ids, max_len)
-            else:
-                cache.prepare(pos_w, kv_len=kv_len)
-                out = tgt(block, position_ids=pos_w, past_key_values=cache, layer_ids=layer_ids)
-                all_logits, feats = out.logits, out.features
-            logits = all_logits[:, : n_spec + 1]  # [B, 1+N, V]
-            bad = invalid_rows(logits)
-            if prop is not None and prop.invalid is not None:
-                bad = bad | prop.invalid
-            acc, nxt = verify_block(target_probs_input(logits), d, cand, q, temps, seeds, start + 1, impl=impl)
-            # ---- commit d_1..d_acc then nxt, truncated by the budget and the first stop token
-            acc = torch.where(active, acc, 0)
-            new = torch.cat([d, torch.zeros_like(nxt)[:, None]], dim=1).scatter(1, acc[:, None], nxt[:, None])
-            n_new = torch.minimum(acc + 1, max_new_tokens - gen)
-            if stops is not None:
-                is_stop = torch.isin(new, stops) & (arange_blk[None] < n_new[:, None])
-                stop_hit = is_stop.any(1)
-                n_new = torch.where(stop_hit, is_stop.int().argmax(1) + 1, n_new)
-                hit_stop.logical_or_(stop_hit & active)
-            else:
-                stop_hit = torch.zeros_like(active)
-            n_new = torch.where(active, n_new, 0)
-            cols = (plens + gen)[:, None] + arange_blk
-            cols = torch.where(arange_blk[None] < n_new[:, None], cols, trash)
-            tokens.scatter_(1, cols, new)
-            gen.add_(n_new)
-            done.logical_or_(active & (stop_hit | (gen >= max_new_tokens)))
-            cache.set_lengths(torch.where(active, start + acc + 1, start))  # rollback = new lengths
-            # ---- the next step's context: target features of the committed block rows
-            if feats is not None:
-                if ctx_bufs[0] is None:  # allocated by the first (always eager) step
-                    ctx_bufs[0] = torch.empty_like(feats[:, : n_spec + 1])
-                ctx_bufs[0].copy_(feats[:, : n_spec + 1])
-            ctx_bufs[1].copy_(pos_w[:, : n_spec + 1])
-            ctx_bufs[2].copy_(acc + 1)
-            step_ctx[:] = ctx_bufs
-            report.copy_(torch.stack([acc, n_new, done.long(), (bad & active).long(), active.long()]))
-            return t0
-
-        runner = StepGraphs(step_body, device) if checked.graphs else None
+        # step reads the prompt's features; later steps read the context buffers the step before wrote.
+        runner = None
+        if checked.graphs:
+            if state.runner is None:
+                state.runner = StepGraphs(state.step, device)
+            runner = state.runner
+            captures_before = runner.captures
         step = 0
         while not all(done_host):
             step += 1
@@ -405,13 +311,13 @@ def speculative_generate(
             if runner is not None and step > 1:
                 # Graph buckets are coarser than eager ones: fewer captures; masked tail slots are free.
                 t0 = clock()
-                times.replayed.append(runner.step(min(_round_up(kv_need, GRAPH_KV_BUCKET), max_len)))
+                times.replayed.append(runner.step(min(round_up(kv_need, GRAPH_KV_BUCKET), state.max_len)))
             else:
-                kv_len = _round_up(kv_need, kv_bucket) if kv_bucket else kv_need  # a new shape every bucket only
-                t0 = step_body(kv_len, record=True)
+                kv_len = round_up(kv_need, kv_bucket) if kv_bucket else kv_need  # a new shape every bucket only
+                t0 = state.step(kv_len, record=times, clock=clock)
                 if runner is not None:
                     times.replayed.append(False)
-            acc_host, n_host, done_new, bad_host, act_host = report.tolist()
+            acc_host, n_host, done_new, bad_host, act_host = state.report.tolist()
             _check_valid(bad_host, "target or draft logits", step)
             times.verify.append(clock() - t0)
             for b in range(bsz):
@@ -420,10 +326,10 @@ def speculative_generate(
                     gen_host[b] += n_host[b]
             done_host = [bool(x) for x in done_new]
         if runner is not None:
-            times.graph_captures, times.graph_error = runner.captures, runner.failed
+            times.graph_captures, times.graph_error = runner.captures - captures_before, runner.failed
         times.total = clock() - t_start
 
-    tok_cpu = tokens.cpu()
-    reasons = ["stop" if h else "length" for h in hit_stop.tolist()]
+    tok_cpu = state.tokens[:bsz].cpu()
+    reasons = ["stop" if h else "length" for h in state.hit_stop[:bsz].tolist()]
     seqs = [tok_cpu[b, : plen_host[b] + gen_host[b]].clone() for b in range(bsz)]
     return SpeculativeOutput(seqs, accepted, plen_host, reasons, n_spec, times)

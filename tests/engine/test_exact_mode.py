@@ -115,13 +115,15 @@ def test_bucketed_kv_length_changes_no_token(monkeypatch):
     plain = speculative_generate(target, draft, rows, max_new_tokens=10, num_speculative_tokens=4)
     monkeypatch.setattr(gen, "CPU_KV_BUCKET", 16)
     lengths = []
-    prepare = gen.StaticTargetCache.prepare
+    from dflash2.engine.cache import StaticTargetCache
 
-    def spy(self, positions, kv_len=None, row=None):
+    prepare = StaticTargetCache.prepare
+
+    def spy(self, positions, kv_len=None, row=None, rows=None):
         lengths.append((positions.shape[1], kv_len))
-        return prepare(self, positions, kv_len, row)
+        return prepare(self, positions, kv_len, row, rows)
 
-    monkeypatch.setattr(gen.StaticTargetCache, "prepare", spy)
+    monkeypatch.setattr(StaticTargetCache, "prepare", spy)
     bucketed = speculative_generate(target, draft, rows, max_new_tokens=10, num_speculative_tokens=4)
     steps = [k for q, k in lengths if q == 5]  # the verify forwards (1 + N slots)
     assert steps and all(k % 16 == 0 for k in steps)  # the bucket was applied

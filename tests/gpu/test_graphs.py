@@ -8,6 +8,8 @@
   step has no host synchronization; the loop's one device-to-host copy (the report) is outside;
 - replays are counted: all steps but the first and one warm-up per bucket are replays, so no
   silent fallback to eager;
+- batch buckets kept across calls: a later call with the same key replays the graphs an earlier
+  call captured (no capture), with the eager loop's tokens;
 - speed (Qwen3-8B shape, bf16, random weights, 5-layer DFlash2 draft): per-step time of the graph
   path vs the eager loop, batch 1 and 8, context 512; written to DFLASH2_GPU_OUT/graphs.json.
 
@@ -25,6 +27,7 @@ import torch
 
 from dflash2 import speculative_generate
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, sync_check
+from dflash2.engine.state import release_decode_state
 from dflash2.evaluation.oracle import DeviceOracleProposer
 from tests.gpu.helpers import small_cuda_models
 
@@ -78,6 +81,7 @@ def test_graph_path_equals_eager_path(models, kind, temperature):
     kw = dict(max_new_tokens=new, num_speculative_tokens=7 if drafter is not None else None,
               temperature=temperature, seed=seeds, stop_token_ids=[stop])
     eager = speculative_generate(target, drafter, prompts, graphs=False, **kw)
+    release_decode_state(target)  # a fresh state: this call captures its own graphs
     with sync_check():
         graphed = speculative_generate(target, drafter, prompts, graphs=True, **kw)
     _check_pair(eager, graphed)
@@ -98,8 +102,37 @@ def test_prompt_longer_than_two_buckets(models):
     long = [torch.randint(0, VOCAB - 1, (2 * GRAPH_KV_BUCKET + 37,), generator=gen).cuda(), prompts[1]]
     for drafter, n in ((None, None), (draft, 15)):
         kw = dict(max_new_tokens=48, num_speculative_tokens=n)
+        release_decode_state(target)
         _check_pair(speculative_generate(target, drafter, long, graphs=False, **kw),
                     speculative_generate(target, drafter, long, graphs=True, **kw))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_graphs_of_one_call_replay_in_the_next(models, temperature):
+    """Batch buckets kept across calls (dflash2.engine.state): 3 rows run in a bucket of 4 and
+    capture the graphs; a second call of 4 other prompts (and a third of 3) reuses the state and
+    replays those graphs from its second step on, capturing none, with the eager loop's tokens."""
+    target, draft, prompts = models
+    gen = torch.Generator().manual_seed(9)
+    others = [torch.randint(0, VOCAB - 1, (n,), generator=gen).cuda() for n in (12, 4, 25, 8)]
+    release_decode_state(target)
+    kw = dict(max_new_tokens=GRAPH_KV_BUCKET + 20, num_speculative_tokens=7, temperature=temperature)
+    for i, (rows, seeds) in enumerate(((prompts[:3], [1, 2, 3]), (others, [4, 5, 6, 7]), (prompts[1:], [8, 9, 10]))):
+        eager = speculative_generate(target, draft, rows, graphs=False, seed=seeds, **kw)
+        with sync_check():
+            graphed = speculative_generate(target, draft, rows, graphs=True, seed=seeds, **kw)
+        assert [s.tolist() for s in graphed.sequences] == [s.tolist() for s in eager.sequences]
+        assert graphed.accepted == eager.accepted
+        t = graphed.times
+        assert t.graph_error is None and t.graph_replays == len(t.verify) - 1 - t.graph_captures > 0
+        kept = target.__dict__["_dflash2_decode_state"]  # kept on the HF model
+        assert kept.batch == 4
+        if i == 0:
+            assert t.graph_captures >= 2
+            first_state = kept
+        else:
+            assert kept is first_state and t.graph_captures == 0
+        RESULTS[f"reuse/T={temperature:g}/call{i + 1}"] = {"captures": t.graph_captures, "replays": t.graph_replays}
 
 
 def test_graph_step_speed_qwen3_8b_shape():

@@ -1,0 +1,296 @@
+"""The static state of a `speculative_generate` call, its decoding step, and its reuse across calls.
+
+`DecodeState` holds every buffer the steady-state step reads or writes (tokens, per-row lengths,
+budgets and finished flags, the target cache, the draft's proposer with its context cache, the
+next step's context features, the `[5, B]` report) and `DecodeState.step` updates them in place.
+The step reads nothing else: no per-call Python value is baked into it (the token budget is a
+per-row tensor), so a CUDA graph captured from it by one call replays correctly in the next.
+
+**Batch buckets.** On the graph path a call's B rows run in a state of `batch_bucket(B)` rows
+(1, 2, 4, 8, 16, 32, then multiples of 32). The extra rows are idle from the start (budget 0):
+they ride along like finished rows, commit nothing and are not prefilled (the prefill writes rows
+0..B-1 only); their outputs are dropped.
+
+**Reuse across calls.** The state, with the CUDA graphs captured on it (one per K/V bucket),
+stays on the target model after the call (`model._dflash2_decode_state`, the last state only) and
+serves the next call whose `state_key` matches (same weights in place, same draft, N, batch
+bucket, sampling filters, stop-token count, kernels) and whose rows fit its slots: the call loads
+its prompts into the buffers in place, and the graphs of earlier calls replay from its second
+step on, with no capture. A different key frees the old state before the new one is built;
+`release_decode_state(model)` frees it at once (its K/V buffers and graph pools stay allocated
+until then). Exact mode, the eager loop and custom proposers (whose state is their own) build a
+state per call, at the call's own batch size.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+
+from dflash2.engine.cache import StaticTargetCache
+from dflash2.engine.draft import DraftStep, Proposal
+from dflash2.engine.sampling import filter_logits, invalid_rows
+from dflash2.kernels.verify import verify_block
+from dflash2.target import TargetModel
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)  # graph-path batch sizes; above 32, multiples of 32
+LEN_BUCKET = 512  # slots per row of a reusable state, rounded up to a multiple of this
+_ATTR = "_dflash2_decode_state"
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def batch_bucket(batch: int) -> int:
+    """The state's row count for a call of `batch` rows on the graph path."""
+    for b in BATCH_BUCKETS:
+        if batch <= b:
+            return b
+    return round_up(batch, BATCH_BUCKETS[-1])
+
+
+def _storage_fingerprint(module) -> tuple:
+    """Addresses, shapes and dtypes of a module's parameters and buffers: a graph reads weights by
+    address, so weights replaced (not updated in place) must not meet an old graph."""
+    if module is None:
+        return ()
+    tensors = list(module.parameters()) + list(module.buffers())
+    return tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in tensors)
+
+
+def state_key(tgt: TargetModel, draft, **settings) -> tuple:
+    """What a reusable state (and its graphs) depends on besides its row and slot counts."""
+    return (id(tgt.model), _storage_fingerprint(tgt.model), id(draft), _storage_fingerprint(draft),
+            tuple(sorted(settings.items())))
+
+
+def release_decode_state(model) -> bool:
+    """Drop the decoding state (K/V buffers, CUDA graphs) kept on `model` (an HF model or a
+    `TargetModel`) for the next call; True if there was one."""
+    hf = model.model if isinstance(model, TargetModel) else model
+    held = hf.__dict__.pop(_ATTR, None)
+    return held is not None
+
+
+def kept_state(tgt: TargetModel, key: tuple, batch: int, max_len: int) -> "DecodeState | None":
+    """The state kept on the target for `key` if it has `batch` rows and at least `max_len` slots
+    and no other call is using it; a state kept for another key (or too small) is released first."""
+    held = tgt.model.__dict__.get(_ATTR)
+    if held is None:
+        return None
+    if held.key == key and held.batch == batch and held.max_len >= max_len:
+        return held if held.lock.acquire(blocking=False) else None  # in use by another thread: build one
+    if held.lock.acquire(blocking=False):  # not in use: free it before a new state is allocated
+        tgt.model.__dict__.pop(_ATTR, None)
+        held.lock.release()
+    return None
+
+
+def keep_state(tgt: TargetModel, state: "DecodeState") -> None:
+    tgt.model.__dict__[_ATTR] = state
+
+
+def prefill_rows(tgt: TargetModel, rows: list[torch.Tensor], cache: StaticTargetCache, layer_ids: list[int],
+                 p_max: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Exact-mode prefill: each prompt alone (a batch of one at its own length, written into
+    row b's slots of `cache`), so prefill shapes never depend on the other rows.
+
+    Returns:
+        `(first_logits [B, 1, V], features [B, p_max, n*H] or None)`, features zero past a row's end.
+    """
+    device = cache.lengths.device
+    logits, feats = [], []
+    for b, r in enumerate(rows):
+        n = r.numel()
+        pos = torch.arange(n, device=device)[None]
+        cache.prepare(pos, kv_len=n, row=b)
+        out = tgt(r.to(device)[None], position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=1)
+        logits.append(out.logits[:, -1:])
+        if out.features is not None:
+            feats.append(torch.nn.functional.pad(out.features, (0, 0, 0, p_max - n)))
+    return torch.cat(logits), (torch.cat(feats) if feats else None)
+
+
+def forward_rows(tgt: TargetModel, block: torch.Tensor, pos: torch.Tensor, cache: StaticTargetCache,
+                 layer_ids: list[int], kv_len: int):
+    """Exact-mode block forward: one forward per row, each with the shapes of a batch of one.
+
+    GEMM kernels may pick other algorithms (other reduction orders) for another number of rows
+    M = B x W; on the H200 a bf16 Qwen3-8B-shaped row changed with its batch neighbours even
+    with the attention kernel fixed. Row by row, a row runs the very kernels it runs alone.
+
+    Returns:
+        `(logits [B, W, V], features [B, W, n*H] or None)`.
+    """
+    logits, feats = [], []
+    for b in range(block.shape[0]):
+        cache.prepare(pos[b:b + 1], kv_len=kv_len, row=b)
+        out = tgt(block[b:b + 1], position_ids=pos[b:b + 1], past_key_values=cache, layer_ids=layer_ids)
+        logits.append(out.logits)
+        if out.features is not None:
+            feats.append(out.features)
+    return torch.cat(logits), (torch.cat(feats) if feats else None)
+
+
+class DecodeState:
+    """Static buffers of `batch` rows x `max_len` slots and the step that updates them in place.
+
+    Args:
+        tgt: the target. proposer: a `propose(DraftStep) -> Proposal` object or None (AR); a
+            `DFlash2Proposer` is built for this state's rows by the caller.
+        batch, max_len: rows and slots per row (`tokens` has one more column, the trash column
+            that absorbs masked writes).
+        n_spec: N. width: the target forward's block width (N + 1, or exact mode's padded block).
+        exact: exact mode (row-by-row target forwards over the whole buffer).
+        sampled, top_k, top_p: the target-side sampling rule (T > 0) and its filters.
+        n_stops: number of stop tokens (None: no stop tokens).
+        impl: resolved kernel implementation. layer_ids: target layers whose features the draft reads.
+        key: the reuse key (`state_key`), or None for a state of one call.
+    """
+
+    def __init__(self, tgt: TargetModel, proposer, *, batch: int, max_len: int, n_spec: int, width: int,
+                 exact: bool, sampled: bool, top_k: int, top_p: float, n_stops: int | None, impl: str,
+                 layer_ids: list[int], key: tuple | None = None):
+        device = tgt.device
+        self.tgt, self.proposer, self.key = tgt, proposer, key
+        self.batch, self.max_len, self.n_spec, self.width, self.exact = batch, max_len, n_spec, width, exact
+        self.sampled, self.top_k, self.top_p, self.impl, self.layer_ids = sampled, top_k, top_p, impl, layer_ids
+        self.lock = threading.Lock()
+        self.runner = None  # the StepGraphs of this state (graph path), kept with it
+        self.trash = max_len  # the column of `tokens` that absorbs masked writes
+        longs = dict(dtype=torch.long, device=device)
+        self.tokens = torch.zeros(batch, max_len + 1, **longs)
+        self.plens = torch.ones(batch, **longs)
+        self.budget = torch.zeros(batch, **longs)  # per row: max_new_tokens (0 = an idle bucket row)
+        self.gen = torch.ones(batch, **longs)
+        self.done = torch.ones(batch, dtype=torch.bool, device=device)
+        self.hit_stop = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.temps = torch.zeros(batch, dtype=torch.float32, device=device)
+        self.seeds = torch.zeros(batch, **longs)
+        self.stops = None if n_stops is None else torch.zeros(n_stops, **longs)
+        self.cache = StaticTargetCache(tgt.config, batch, max_len, tgt.dtype, device)
+        self.arange_blk = torch.arange(n_spec + 1, device=device)
+        self.arange_w = torch.arange(width, device=device)
+        self.pad = torch.zeros(batch, width - n_spec - 1, **longs)  # exact-mode pad slots
+        self.empty_d = torch.zeros(batch, 0, **longs)
+        self.empty_q = torch.zeros(batch, 0, 1, dtype=torch.float32, device=device)
+        # The next step's context: target features, positions and counts of the committed block
+        # rows. The first step of a call reads the prompt's instead (`first_context`).
+        self.ctx_feats: torch.Tensor | None = None  # allocated by the first step
+        self.ctx_pos = torch.zeros(batch, n_spec + 1, **longs)
+        self.ctx_counts = torch.zeros(batch, **longs)
+        self.first_context: tuple | None = None
+        self.report = torch.zeros(5, batch, **longs)  # the step's one device-to-host copy
+
+    def load(self, rows: list[torch.Tensor], temperature: float, seeds: torch.Tensor, max_new_tokens: int,
+             stops: torch.Tensor | None) -> None:
+        """Reset for a call whose prompts are `rows` (rows 0..len(rows)-1; later rows idle)."""
+        n = len(rows)
+        self.tokens.zero_()
+        for b, r in enumerate(rows):
+            self.tokens[b, : r.numel()] = r.to(self.tokens.device)
+        self.plens.fill_(1)
+        self.plens[:n] = torch.tensor([r.numel() for r in rows], dtype=torch.long)
+        self.budget.zero_()
+        self.budget[:n] = max_new_tokens
+        self.temps.fill_(float(temperature))
+        self.seeds.zero_()
+        self.seeds[:n] = seeds
+        if stops is not None:
+            self.stops.copy_(stops)
+        self.gen.fill_(1)
+        self.hit_stop.zero_()
+        self.cache.set_lengths(self.plens)
+        if hasattr(self.proposer, "cache"):  # a DFlash2 proposer's draft context cache starts empty
+            self.proposer.cache.reset()
+
+    def target_probs_input(self, logits: torch.Tensor) -> torch.Tensor:
+        """What `verify_block` reads for the target: filtered logits when sampling, fp32 logits when
+        greedy (`logits` covers the first `logits.shape[0]` rows)."""
+        if not self.sampled:
+            return logits.float()
+        return filter_logits(logits, self.temps[: logits.shape[0]], self.top_k, self.top_p)
+
+    def start(self, first: torch.Tensor, context: tuple) -> None:
+        """After the prefill: commit each row's first token `first [batch]` and hand the prompt's
+        features `context = (features, positions, counts)` to the first step."""
+        self.tokens[torch.arange(self.batch, device=first.device), self.plens] = first
+        torch.ge(self.gen, self.budget, out=self.done)
+        if self.stops is not None:
+            stop = torch.isin(first, self.stops)
+            self.done |= stop
+            self.hit_stop.copy_(stop)
+        self.first_context = context
+
+    def step(self, kv_len: int, record=None, clock: Callable[[], float] | None = None) -> float:
+        """One decoding step on the static state (no host synchronization unless `clock` syncs).
+
+        `record`: a `StepTimes` for the phase readings of an eager step (None inside graphs).
+        Returns when the verify phase began (host clock; 0.0 without `record`)."""
+        tgt, n_spec, proposer = self.tgt, self.n_spec, self.proposer
+        done, gen, tokens = self.done, self.gen, self.tokens
+        context = self.first_context if self.first_context is not None else (
+            self.ctx_feats, self.ctx_pos, self.ctx_counts)
+        active = ~done
+        start = self.plens + gen - 1  # [B] anchor positions
+        anchor = tokens.gather(1, start[:, None])[:, 0]
+        t0 = clock() if record is not None else 0.0
+        if proposer is not None:
+            prop: Proposal = proposer.propose(DraftStep(
+                anchor=anchor, start=start, context=context[0], context_positions=context[1],
+                context_counts=torch.where(active, context[2], 0), temperature=self.temps, seeds=self.seeds,
+                tokens=tokens, num_speculative_tokens=n_spec))
+            d, cand, q = prop.tokens, prop.cand_ids, prop.q
+            if record is not None:
+                record.draft.append(prop.draft_s)
+                record.select.append(prop.select_s)
+                t0 = clock()
+        else:
+            prop, d, cand, q = None, self.empty_d, self.empty_d[..., None], self.empty_q
+        # ---- verify: one target forward over [anchor, d_1..d_N] (+ exact-mode padding) at each
+        # row's own offset; only the first 1+N slots' logits and features are used.
+        block = torch.cat([anchor[:, None], d, self.pad], dim=1)  # [B, W]
+        pos_w = start[:, None] + self.arange_w
+        if self.exact:
+            all_logits, feats = forward_rows(tgt, block, pos_w, self.cache, self.layer_ids, self.max_len)
+        else:
+            self.cache.prepare(pos_w, kv_len=kv_len)
+            out = tgt(block, position_ids=pos_w, past_key_values=self.cache, layer_ids=self.layer_ids)
+            all_logits, feats = out.logits, out.features
+        logits = all_logits[:, : n_spec + 1]  # [B, 1+N, V]
+        bad = invalid_rows(logits)
+        if prop is not None and prop.invalid is not None:
+            bad = bad | prop.invalid
+        acc, nxt = verify_block(self.target_probs_input(logits), d, cand, q, self.temps, self.seeds, start + 1,
+                                impl=self.impl)
+        # ---- commit d_1..d_acc then nxt, truncated by the budget and the first stop token
+        acc = torch.where(active, acc, 0)
+        new = torch.cat([d, torch.zeros_like(nxt)[:, None]], dim=1).scatter(1, acc[:, None], nxt[:, None])
+        n_new = torch.minimum(acc + 1, self.budget - gen)
+        if self.stops is not None:
+            is_stop = torch.isin(new, self.stops) & (self.arange_blk[None] < n_new[:, None])
+            stop_hit = is_stop.any(1)
+            n_new = torch.where(stop_hit, is_stop.int().argmax(1) + 1, n_new)
+            self.hit_stop.logical_or_(stop_hit & active)
+        else:
+            stop_hit = torch.zeros_like(active)
+        n_new = torch.where(active, n_new, 0)
+        cols = (self.plens + gen)[:, None] + self.arange_blk
+        cols = torch.where(self.arange_blk[None] < n_new[:, None], cols, self.trash)
+        tokens.scatter_(1, cols, new)
+        gen.add_(n_new)
+        done.logical_or_(active & (stop_hit | (gen >= self.budget)))
+        self.cache.set_lengths(torch.where(active, start + acc + 1, start))  # rollback = new lengths
+        # ---- the next step's context: target features of the committed block rows
+        if feats is not None:
+            if self.ctx_feats is None:  # allocated by the first (always eager) step
+                self.ctx_feats = torch.empty_like(feats[:, : n_spec + 1])
+            self.ctx_feats.copy_(feats[:, : n_spec + 1])
+        self.ctx_pos.copy_(pos_w[:, : n_spec + 1])
+        self.ctx_counts.copy_(acc + 1)
+        self.first_context = None
+        self.report.copy_(torch.stack([acc, n_new, done.long(), (bad & active).long(), active.long()]))
+        return t0

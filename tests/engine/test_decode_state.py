@@ -1,0 +1,165 @@
+"""Batch buckets and the decoding state kept across calls (dflash2.engine.state), on CPU.
+
+The graph path is forced on CPU with the stand-in runner of test_graph_step.py (each "replay" runs
+the step body on the static state), so what is checked here is everything but the CUDA graph
+itself: a call of B rows runs in a state of `batch_bucket(B)` rows whose extra rows stay idle, and a
+later call with the same key loads its prompts into the same buffers and "replays" the buckets an
+earlier call captured; the tokens must equal the eager loop's every time. The GPU side (graphs
+captured by one call replayed by the next): tests/gpu/test_graphs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2 import DFlash2DraftModel, speculative_generate
+from dflash2.engine import generate as engine_generate
+from dflash2.engine import inputs as engine_inputs
+from dflash2.engine import state as engine_state
+from dflash2.engine.cache import StaticTargetCache
+from dflash2.engine.state import batch_bucket, release_decode_state
+from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
+from tests.engine.test_graph_step import ReplayByRunning
+
+VOCAB = 300
+
+
+@pytest.fixture
+def models():
+    target = tiny_qwen3(vocab=VOCAB, hidden=64, layers=4, seed=0).float()
+    draft = randomize_(DFlash2DraftModel(tiny_draft_config(vocab=VOCAB, block_size=8)), seed=1, std=0.05).eval()
+    return target, draft
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    monkeypatch.setattr(engine_inputs, "_graphs_arg", lambda graphs, tgt, draft, exact: bool(graphs))
+    monkeypatch.setattr(engine_generate, "StepGraphs", ReplayByRunning)
+    monkeypatch.setattr(engine_generate, "GRAPH_KV_BUCKET", 8)
+    monkeypatch.setattr(engine_generate, "LEN_BUCKET", 64)
+
+
+def _prompts(seed: int, lengths) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB - 1, (n,), generator=g) for n in lengths]
+
+
+def _kept(target):
+    return target.__dict__.get(engine_state._ATTR)
+
+
+def _check(target, drafter, prompts, **kw):
+    """Graph path (kept state) vs eager loop: the same tokens, acceptances and finish reasons."""
+    eager = speculative_generate(target, drafter, prompts, graphs=False, **kw)
+    graphed = speculative_generate(target, drafter, prompts, graphs=True, **kw)
+    assert [s.tolist() for s in graphed.sequences] == [s.tolist() for s in eager.sequences]
+    assert graphed.accepted == eager.accepted and graphed.finish_reasons == eager.finish_reasons
+    return graphed
+
+
+def test_batch_buckets():
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65)] == \
+        [1, 2, 4, 4, 8, 8, 16, 16, 32, 32, 64, 64, 96]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_state_is_reused_across_calls_and_stays_lossless(models, fake_graphs, temperature):
+    target, draft = models
+    kw = dict(num_speculative_tokens=5, temperature=temperature)
+    # Call 1: 3 rows in a bucket of 4 (one idle row), a stop token, rows ending at different steps.
+    first = _prompts(0, (5, 19, 11))
+    ar = speculative_generate(target, None, first, max_new_tokens=30, graphs=False)
+    out1 = _check(target, draft, first, max_new_tokens=30, seed=[1, 2, 3], stop_token_ids=[int(ar.generated[0][6])],
+                  **kw)
+    state = _kept(target)
+    assert state is not None and state.batch == 4 and out1.times.graph_captures >= 2
+    buckets = set(state.runner.buckets)
+    # Call 2: other prompts (4 rows, no idle row), another budget and another stop token of the same
+    # count: the same state, and the K/V buckets call 1 captured are replayed, not captured again.
+    second = _prompts(1, (7, 3, 16, 9))
+    out2 = _check(target, draft, second, max_new_tokens=24, seed=[9, 8, 7, 6], stop_token_ids=[int(ar.generated[1][3])],
+                  **kw)
+    assert _kept(target) is state
+    assert out2.times.graph_captures == len(set(state.runner.buckets) - buckets)
+    assert out2.times.graph_replays > 0
+    # Call 3: a new batch bucket (2 rows) replaces the kept state.
+    out3 = _check(target, draft, _prompts(2, (4, 12)), max_new_tokens=12, seed=[4, 5],
+                  stop_token_ids=[int(ar.generated[2][2])], **kw)
+    assert _kept(target) is not state and _kept(target).batch == 2 and out3.times.graph_captures >= 1
+
+
+def test_a_longer_call_gets_a_larger_state(models, fake_graphs):
+    target, draft = models
+    _check(target, draft, _prompts(3, (5, 6)), max_new_tokens=10, num_speculative_tokens=3)
+    small = _kept(target)
+    _check(target, draft, _prompts(4, (50, 6)), max_new_tokens=40, num_speculative_tokens=3)
+    big = _kept(target)
+    assert big is not small and big.max_len > small.max_len and big.max_len % 64 == 0
+    _check(target, draft, _prompts(5, (5, 6)), max_new_tokens=10, num_speculative_tokens=3)
+    assert _kept(target) is big  # a shorter call fits the larger state
+
+
+def test_what_changes_the_graphs_changes_the_key(models, fake_graphs):
+    target, draft = models
+    prompts = _prompts(6, (5, 9))
+    runs = [dict(num_speculative_tokens=3), dict(num_speculative_tokens=3), dict(num_speculative_tokens=4),
+            dict(num_speculative_tokens=4, temperature=1.0, top_k=20), dict(num_speculative_tokens=4, temperature=1.0,
+                                                                         top_k=30)]
+    states = []
+    for kw in runs:
+        _check(target, draft, prompts, max_new_tokens=8, seed=[1, 2], **kw)
+        states.append(_kept(target))
+    assert states[0] is states[1]
+    assert len({id(s) for s in states[1:]}) == 4
+    # AR and the draft do not share a state; neither do weights replaced (not updated in place).
+    _check(target, None, prompts, max_new_tokens=8)
+    ar_state = _kept(target)
+    assert ar_state is not states[-1]
+    with torch.no_grad():
+        target.lm_head.weight = torch.nn.Parameter(target.lm_head.weight.detach().clone())
+    _check(target, None, prompts, max_new_tokens=8)
+    assert _kept(target) is not ar_state
+    # In-place updates keep the key (a graph reads weights by address, so it sees them).
+    kept = _kept(target)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(1.5)
+    _check(target, None, prompts, max_new_tokens=8)
+    assert _kept(target) is kept
+
+
+def test_release_and_a_state_in_use(models, fake_graphs):
+    target, draft = models
+    prompts = _prompts(7, (5, 9, 4))
+    _check(target, draft, prompts, max_new_tokens=8, num_speculative_tokens=3)
+    held = _kept(target)
+    # A state in use (its lock held, as by another thread) is never shared: the call builds its own.
+    held.lock.acquire()
+    try:
+        _check(target, draft, prompts, max_new_tokens=8, num_speculative_tokens=3)
+        assert _kept(target) is not held
+    finally:
+        held.lock.release()
+    assert release_decode_state(target) is True and _kept(target) is None
+    assert release_decode_state(target) is False
+
+
+def test_eager_loop_and_custom_proposers_keep_no_state(models):
+    target, draft = models
+    release_decode_state(target)
+    speculative_generate(target, draft, _prompts(8, (5, 9, 4)), max_new_tokens=6)
+    assert _kept(target) is None
+
+
+def test_cache_prepare_rows_checks():
+    from tests.conftest import tiny_qwen3 as tq
+
+    cfg = tq(vocab=VOCAB, hidden=64, layers=2, seed=0).config
+    cache = StaticTargetCache(cfg, 4, 16, torch.float32, "cpu")
+    pos = torch.arange(3)[None].expand(2, 3)
+    cache.prepare(pos, rows=2)
+    assert cache.state.rows == 2 and cache.state.row is None
+    with pytest.raises(ValueError, match="rows=5"):
+        cache.prepare(pos, rows=5)
+    with pytest.raises(ValueError, match="not combined with row"):
+        cache.prepare(pos[:1], row=1, rows=2)
