@@ -110,6 +110,9 @@ class EvalConfig:
             draft modules on CUDA (`dflash2.engine.compiled`; faster steps, a compile per shape
             class first; in bf16 greedy outputs may differ from an uncompiled run at near-ties,
             so it is part of the run's identity). Not with `exact`.
+        attention_impl: auto | torch | triton: the target attention's kernel
+            (`dflash2.kernels.row_attention`; auto = Triton on CUDA, the SDPA reference on CPU).
+            Part of the run's identity for the same reason; exact mode keeps its own kernel.
         compute_logprob: record the target's mean log-probability of each output (one extra
             target forward per distinct output).
         compute_departure: for outputs that differ from AR, the target's top-1/top-2 logit
@@ -137,6 +140,7 @@ class EvalConfig:
     batch_size: int = 1
     exact: bool = False
     compile_level: str | None = None
+    attention_impl: str = "auto"
     compute_logprob: bool = True
     compute_departure: bool = True
     judge: str | None = None
@@ -179,6 +183,11 @@ def validate(cfg: Any) -> None:
         raise ValueError(f"compile_level={level!r}: use null (off), light or full")
     if level is not None and cfg.exact:
         raise ValueError(f"compile_level={level} with exact=true: exact mode pins the stock kernels; drop one")
+    from dflash2.kernels.dispatch import IMPLS
+
+    attention = getattr(cfg, "attention_impl", "auto")
+    if attention not in IMPLS:
+        raise ValueError(f"attention_impl={attention!r}: use one of {', '.join(IMPLS)}")
     if not 0.0 <= cfg.arms.oracle_accept_prob <= 1.0:
         raise ValueError(f"arms.oracle_accept_prob={cfg.arms.oracle_accept_prob}: must be in [0, 1]")
 

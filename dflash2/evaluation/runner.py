@@ -349,6 +349,9 @@ class EvalRunner:
         level = getattr(cfg, "compile_level", None)
         if level is not None and self.target.device.type == "cuda":  # the CPU runs the stock modules
             kw["compile_level"] = level
+        attention = getattr(cfg, "attention_impl", "auto")
+        if attention != "auto":
+            kw["attention_impl"] = attention
         t0 = self._clock()
         try:
             out = speculative_generate(

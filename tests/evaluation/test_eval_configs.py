@@ -52,6 +52,7 @@ def test_typo_fails_with_its_name(override):
     ("data.gsm8k_limit=0", "gsm8k_limit"),
     ("arms.num_speculative_tokens=[0]", "arms.ar"), ("arms.oracle_accept_prob=1.5", "oracle_accept_prob"),
     ("compile_level=fast", "compile_level"), ("compile_level=light exact=true", "exact mode pins"),
+    ("attention_impl=flash", "attention_impl"),
 ])
 def test_inconsistent_settings_fail_with_the_fix(override, match):
     cfg = _compose(["experiment=tiny_cpu", *override.split()])
@@ -66,7 +67,8 @@ def test_run_identity_ignores_output_and_logger_but_not_format():
     c, _ = run_identity(_compose(["experiment=tiny_cpu", "max_new_tokens=5"]), fmt)
     d, _ = run_identity(_compose(["experiment=tiny_cpu", "output_dir=/a"]), {**fmt, "enable_thinking": True})
     e, _ = run_identity(_compose(["experiment=tiny_cpu", "compile_level=light"]), fmt)  # may change bf16 outputs
-    assert a == b and len({a, c, d, e}) == 4
+    f, _ = run_identity(_compose(["experiment=tiny_cpu", "attention_impl=torch"]), fmt)  # likewise
+    assert a == b and len({a, c, d, e, f}) == 5
 
 
 def test_per_dataset_limits_override_the_common_limit():
