@@ -70,7 +70,7 @@ class Proposal:
 class DFlash2Proposer:
     """Drives a `DFlash2DraftModel` (v2, or v1 when `draft.selector_enabled` is False).
 
-    Owns the draft's `DraftContextCache` (one per `speculative_generate` call).
+    Owns the draft's `DraftContextCache` (one per decoding state, reset at the start of each call).
 
     Args:
         draft: the draft model.

@@ -20,7 +20,9 @@ shapes) but commit nothing. The loop syncs with the host once per step (accepted
 finished flags, one `[5, B]` report); the step body works in place on static buffers and has
 no other host sync (the draft cache's capacity check is skipped under capture), so on CUDA it
 replays from CUDA graphs, one per K/V bucket (`dflash2.engine.graphs`; `graphs=False` for the
-eager loop).
+eager loop). The state the step works on (`dflash2.engine.state.DecodeState`) has a batch-bucket
+row count on the graph path and is kept on the target, graphs included, for the next call with
+the same settings.
 
 Exact mode (`exact=True`): in bf16 on a GPU a 16-token verify runs other GEMM and attention
 shapes than a 1-token decode, so top-2 near-ties (0-1 bf16 ulp apart) can flip and greedy
@@ -164,7 +166,9 @@ def speculative_generate(
         graphs: replay the steady-state step from CUDA graphs (`dflash2.engine.graphs`). None
             (default) = on for a CUDA target outside exact mode whose proposer can be captured
             (the DFlash2 draft, the AR baseline, or a proposer with `graph_safe = True`); False =
-            the eager loop; True = on, or an error saying why it cannot be.
+            the eager loop; True = on, or an error saying why it cannot be. With graphs the rows run in
+            a batch bucket, and the state and its graphs are kept on the target for the next call
+            (`dflash2.engine.state`; `release_decode_state(model)` frees them).
         compile_level: None (off), `"light"` or `"full"`: compile the target's (and a DFlash2
             draft's) small-kernel modules with `torch.compile` first, in place and once per model
             (`dflash2.engine.compiled`): fused norm / activation (and, "full", attention-side)

@@ -10,7 +10,8 @@ the report that the loop needs to know which rows are done.
 What changes the step's shapes gets a graph of its own: the K/V length handed to the target's
 attention (`kv_len`, rounded up to `GRAPH_KV_BUCKET` slots, so a graph serves every step whose
 rows fit its bucket; masked tail slots change no result). The batch size and N are fixed for a
-`speculative_generate` call, and graphs live for one call. The first step reads the prompt's
+state (`dflash2.engine.state.DecodeState`: a batch bucket), and its graphs live as long as it
+does: a later call that reuses the state replays them with no capture. The first step reads the prompt's
 features (its own shape) and always runs eagerly; so does the first step of every new bucket,
 which is the warm-up that the capture needs (lazy kernel compilation, cuBLAS workspaces), and
 then the bucket's graph is captured (capture runs no kernels, so the state is not advanced twice).
@@ -49,7 +50,7 @@ def sync_check(enabled: bool = True) -> Iterator[None]:
 
 
 class StepGraphs:
-    """The captured steps of one `speculative_generate` call, one CUDA graph per K/V bucket.
+    """The captured steps of one decoding state (kept across calls), one CUDA graph per K/V bucket.
 
     Args:
         body: `body(kv_len)` runs one decoding step on the static state, in place, with no host
@@ -69,7 +70,7 @@ class StepGraphs:
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
         self.body, self.device = body, device
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool = None  # one memory pool shared by the call's graphs (they never run concurrently)
+        self.pool = None  # one memory pool shared by the state's graphs (they never run concurrently)
         self.replays = self.captures = self.eager_steps = 0
         self.failed: str | None = None
 
