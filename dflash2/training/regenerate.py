@@ -167,6 +167,9 @@ def regenerate(target, tokenizer, spec: DataSpec, out_path: str | os.PathLike, *
             f.flush()
             os.fsync(f.fileno())  # a crash loses at most the batch in flight
             bar.update(len(batch))
+    from dflash2.engine.state import release_decode_state
+
+    release_decode_state(target)  # the engine's kept decoding state (GPU): training needs the memory
     return out
 
 

@@ -376,7 +376,7 @@ class Distiller:
             full_draft: under FSDP, the gathered unsharded draft (`_full_draft`, main process);
                 None evaluates the live model (1 process, DDP).
         """
-        from dflash2.engine import speculative_generate
+        from dflash2.engine import release_decode_state, speculative_generate
         from dflash2.runconfig import stop_token_ids
 
         live = self.draft
@@ -410,6 +410,9 @@ class Distiller:
             res = speculative_generate(self.target, draft, [torch.tensor(p) for p in prompts],
                                        max_new_tokens=self.tc.eval_max_new_tokens,
                                        stop_token_ids=stop_token_ids(self.tokenizer) if self.tokenizer else None)
+            # The engine keeps its decoding state (K/V buffers, graphs, a reference to the draft) on
+            # the target for a next call; training needs that memory back.
+            release_decode_state(self.target)
             stats = res.stats()
             out["eval/tau_real"] = float(stats["tau_pooled"])
             if "eval/tau_proxy" in out:
