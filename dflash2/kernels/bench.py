@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from dflash2.kernels.dynamic_conv import _grouped_dynamic_conv_triton, grouped_dynamic_conv
-from dflash2.kernels.row_attention import row_attention
+from dflash2.kernels.row_attention import _row_attention_triton, row_attention
 from dflash2.kernels.selector import selector_walk
 from dflash2.kernels.topk import _vocab_topk_triton, vocab_topk
 from dflash2.kernels.verify import _verify_block_triton, verify_block
@@ -143,9 +143,10 @@ def verify_case(batch: int, sampled: bool, block: int | None = None, num_warps: 
     return tri, ref, nbytes, f"[{batch},{Q},{V}] fp32 {'T=1' if sampled else 'T=0'}"
 
 
-def attention_case(batch: int, queries: int, context: int = 512):
+def attention_case(batch: int, queries: int, context: int = 512, tiling: dict | None = None):
     """One target layer's attention: Qwen3-8B heads (32 query / 8 K/V, hd 128), `queries` per row
-    (1 = AR decode, 16 = a verify block), a static cache of `context` + one block of slots."""
+    (1 = AR decode, 16 = a verify block), a static cache of `context` + one block of slots.
+    `tiling`: keyword knobs of the Triton path (`splits`, `block_n`, `num_warps`; sweeps only)."""
     dev, heads, kv_heads, hd = "cuda", 32, 8, 128
     slots = context + Q
     nbytes = 2 * batch * kv_heads * (context + queries) * hd * 2  # K and V read once
@@ -156,7 +157,10 @@ def attention_case(batch: int, queries: int, context: int = 512):
         v = torch.randn(batch, kv_heads, slots, hd, device=dev, dtype=torch.bfloat16)
         pos = (torch.full((batch, 1), context, device=dev) + torch.arange(queries, device=dev)).long()
         sets.append((q, k, v, pos))
-    tri = [(lambda s=s: row_attention(*s, impl="triton")) for s in sets]
+    if tiling:
+        tri = [(lambda s=s: _row_attention_triton(*s, None, None, **tiling)) for s in sets]
+    else:
+        tri = [(lambda s=s: row_attention(*s, impl="triton")) for s in sets]
     ref = [(lambda s=s: row_attention(*s, impl="torch")) for s in sets]
     return tri, ref, nbytes, f"B{batch} q{queries} 32/8 heads hd128 kv{slots} bf16"
 
@@ -196,6 +200,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--out", help="also write the markdown tables here")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--sweep", action="store_true", help="also time alternative tilings")
+    parser.add_argument("--sweep-kernels", nargs="+", default=list(SWEPT),
+                        choices=list(SWEPT), help="the kernels --sweep covers (default: all)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("dflash2.kernels.bench needs a CUDA device")
@@ -258,7 +264,7 @@ def main(argv: list[str] | None = None) -> str:
         out.append("\nflashinfer: not installed (FlashInfer top-k not timed).")
 
     if args.sweep:
-        out.append(_sweeps(args.batches, bw))
+        out.append(_sweeps(args.batches, bw, set(args.sweep_kernels)))
     text = "\n".join(out) + "\n"
     if args.out:
         with open(args.out, "w") as f:
@@ -266,27 +272,43 @@ def main(argv: list[str] | None = None) -> str:
     return text
 
 
-def _sweeps(batches: list[int], bw: float) -> str:
+SWEPT = ("vocab_topk", "verify_block", "row_attention", "dynamic_conv")
+
+
+def _sweeps(batches: list[int], bw: float, kernels: set[str] = set(SWEPT)) -> str:
     parts = ["\n#### Tiling sweeps (triton us, CUDA graph)\n"]
     tab = Table(["kernel", "batch", "config", "us", "% roofline"])
+
+    def timed(name: str, batch: int, config: str, fns, nbytes: int, reps: int) -> None:
+        t = _time_graph_us(fns, reps)
+        tab.add(name, batch, config, t, 100 * nbytes / (t * 1e-6) / 1e9 / bw)
+
     for batch in batches:
-        for groups, warps, merge_warps in ((256, 2, 4), (256, 1, 4), (512, 1, 4), (512, 2, 4), (256, 2, 1), (128, 1, 1)):
-            cfg = {"groups": groups, "num_warps": warps, "merge_warps": merge_warps}
-            tri, _, _, nbytes, _ = topk_case(batch, cfg)
-            t = _time_graph_us(tri, max(20, len(tri)))
-            tab.add("vocab_topk", batch, f"groups {groups} warps {warps} merge warps {merge_warps}", t,
-                    100 * nbytes / (t * 1e-6) / 1e9 / bw)
-        for sampled in (False, True):
-            for block, warps in ((2048, 4), (4096, 8), (8192, 8)):
-                tri, _, nbytes, _ = verify_case(batch, sampled, block, warps)
-                t = _time_graph_us(tri, max(10, len(tri)))
-                tab.add("verify_block", batch, f"T={int(sampled)} block {block} warps {warps}", t,
-                        100 * nbytes / (t * 1e-6) / 1e9 / bw)
-        for tiling in ((16, 64, 4), (16, 64, 2), (8, 128, 4), (4, 256, 4), (2, 512, 4), (16, 256, 8)):
-            tri, _, nbytes, _ = conv_case(batch, tiling)
-            t = _time_graph_us(tri, 20)
-            tab.add("dynamic_conv", batch, "block_t {} block_h {} warps {}".format(*tiling), t,
-                    100 * nbytes / (t * 1e-6) / 1e9 / bw)
+        if "vocab_topk" in kernels:
+            for groups, warps, merge_warps in ((256, 2, 4), (256, 1, 4), (512, 1, 4), (512, 2, 4), (256, 2, 1),
+                                               (128, 1, 1)):
+                cfg = {"groups": groups, "num_warps": warps, "merge_warps": merge_warps}
+                tri, _, _, nbytes, _ = topk_case(batch, cfg)
+                timed("vocab_topk", batch, f"groups {groups} warps {warps} merge warps {merge_warps}", tri, nbytes,
+                      max(20, len(tri)))
+        if "verify_block" in kernels:
+            for sampled in (False, True):
+                for block, warps in ((2048, 4), (4096, 8), (8192, 8)):
+                    tri, _, nbytes, _ = verify_case(batch, sampled, block, warps)
+                    timed("verify_block", batch, f"T={int(sampled)} block {block} warps {warps}", tri, nbytes,
+                          max(10, len(tri)))
+        if "row_attention" in kernels:
+            for queries in (1, 4, 16):
+                for block_n, warps, splits in ((64, 4, None), (64, 8, None), (32, 4, None), (32, 2, None),
+                                               (128, 8, None), (64, 4, 4), (64, 8, 16), (32, 4, 32)):
+                    tiling = {"block_n": block_n, "num_warps": warps, "splits": splits}
+                    tri, _, nbytes, _ = attention_case(batch, queries, tiling=tiling)
+                    timed("row_attention", batch, f"q{queries} block_n {block_n} warps {warps} splits "
+                          f"{splits or 'auto'}", tri, nbytes, max(20, len(tri)))
+        if "dynamic_conv" in kernels:
+            for tiling in ((16, 64, 4), (16, 64, 2), (8, 128, 4), (4, 256, 4), (2, 512, 4), (16, 256, 8)):
+                tri, _, nbytes, _ = conv_case(batch, tiling)
+                timed("dynamic_conv", batch, "block_t {} block_h {} warps {}".format(*tiling), tri, nbytes, 20)
         torch.cuda.empty_cache()
     parts.append(tab.markdown())
     return "\n".join(parts)

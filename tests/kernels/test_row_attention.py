@@ -61,6 +61,14 @@ def test_triton_matches_reference(b, nh, nkv, nq, hd, kv, window, splits, triton
     assert torch.allclose(out, ref, atol=2e-5, rtol=1e-5), (out - ref).abs().max()
 
 
+@pytest.mark.parametrize("block_n, num_warps, splits", [(32, 8, None), (16, 2, 5)])
+def test_triton_tiling_knobs_keep_the_result(block_n, num_warps, splits, triton_device):
+    """The tiling knobs the kernel bench sweeps (key block, warps, splits) change no result."""
+    q, k, v, pos = _case(2, 8, 2, 4, 16, 90, 77, triton_device)
+    out = _row_attention_triton(q, k, v, pos, None, None, splits=splits, block_n=block_n, num_warps=num_warps)
+    assert torch.allclose(out, row_attention_reference(q, k, v, pos, None), atol=2e-5, rtol=1e-5)
+
+
 def test_triton_broadcast_positions_and_bf16(triton_device):
     if triton_device == "cpu":
         pytest.skip("bf16 dot products need the GPU")

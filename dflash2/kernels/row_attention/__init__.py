@@ -37,7 +37,10 @@ def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int = _BLOCK_N,
     return max(1, min(blocks, programs // max(1, batch * kv_heads)))
 
 
-def _row_attention_triton(query, key, value, positions, window, scale, splits=None, block_n=_BLOCK_N):
+def _row_attention_triton(query, key, value, positions, window, scale, splits=None, block_n=_BLOCK_N,
+                          num_warps=4):
+    """The Triton path; `splits`, `block_n` and `num_warps` are tiling knobs (the defaults are the
+    engine's; `python -m dflash2.kernels.bench --sweep` times alternatives)."""
     b, nh, q, hd = query.shape
     nkv, kv = key.shape[1], key.shape[2]
     if nh % nkv:
@@ -70,7 +73,7 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
         query, key, value, pos, acc, mx, sm, kv, chunk, float(scale if scale is not None else hd ** -0.5),
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), pos.stride(0) if pos.shape[0] > 1 else 0, pos.stride(1),
-        BLOCK_N=block_n, WINDOW=int(window or 0), IEEE=query.dtype == torch.float32, num_warps=4, **common)
+        BLOCK_N=block_n, WINDOW=int(window or 0), IEEE=query.dtype == torch.float32, num_warps=num_warps, **common)
     _tk._row_attn_merge_kernel[(b * nkv,)](acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2),
                                            num_warps=4, **common)
     return out
