@@ -193,7 +193,7 @@ case $CALL in
   DFLASH2_GPU_OUT=$OUT timeout 200 python3 -m pytest -m gpu tests/gpu/test_graphs.py -k "not speed" -s -q \
     -p no:cacheprovider > $OUT/graph_tests.log 2>&1
   echo "graph tests rc=$? after $((SECONDS - START)) s"; tail -n 4 $OUT/graph_tests.log
-  timeout 120 python3 -m dflash2.kernels.bench --batches 1 8 32 --sweep --sweep-kernels row_attention \
+  timeout 240 python3 -m dflash2.kernels.bench --batches 1 8 32 --sweep --sweep-kernels row_attention \
     --out $OUT/attn_sweep.md > $OUT/attn_sweep.log 2>&1
   echo "attention sweep rc=$? after $((SECONDS - START)) s"; grep "^| row_attention |" $OUT/attn_sweep.md
   ;;
