@@ -126,6 +126,48 @@ def test_cached_forward_equals_full_forward_with_uneven_rows():
     assert cache.lengths.tolist() == [7, 7]
 
 
+def _cached_steps(model, impl: str):
+    """Three cached drafting steps over uneven rows (per-row context counts) with `impl` attention."""
+    model.set_attention_impl(impl)
+    cfg = model.config
+    n, H, q = len(cfg.target_layer_ids), cfg.hidden_size, 4
+    g = torch.Generator().manual_seed(11)
+    cache = model.new_cache(batch_size=2, max_len=40)
+    lengths, outs = torch.zeros(2, dtype=torch.long), []
+    with torch.no_grad():
+        for counts, width in ((torch.tensor([6, 3]), 6), (torch.tensor([2, 5]), 5), (torch.tensor([4, 1]), 5)):
+            start = lengths + counts
+            pos = torch.cat([lengths[:, None] + torch.arange(width), start[:, None] + torch.arange(q)], 1)
+            noise = torch.randn(2, q, H, generator=g)
+            outs.append(model(pos, noise, torch.randn(2, width, n * H, generator=g), past_key_values=cache,
+                              context_lengths=counts))
+            lengths = start
+    return outs
+
+
+@pytest.mark.parametrize("variant", ["bidirectional", "causal", "window"])
+def test_cached_attention_kernel_equals_the_masked_reference(variant):
+    """The cached (inference) attention through the split-key Triton kernel (interpreter on CPU)
+    equals SDPA with the visibility mask; a windowed layer keeps the mask (the kernel's window is
+    causal-relative), so it must match too."""
+    pytest.importorskip("triton")
+    from dflash2.kernels.dispatch import triton_interpreter_enabled
+
+    if not triton_interpreter_enabled():
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py on machines without CUDA)")
+    cfg = tiny_draft_config()
+    if variant == "causal":
+        cfg.is_causal = True
+    if variant == "window":
+        cfg.use_sliding_window, cfg.sliding_window, cfg.layer_types = True, 6, ["sliding_attention"] * 2
+    model = randomize_(DFlash2DraftModel(cfg), seed=12).eval()
+    ref, out = _cached_steps(model, "torch"), _cached_steps(model, "triton")
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="resolved"):
+        model.set_attention_impl("auto")
+
+
 def _sensitivity(model, change_ctx_at=None, change_blk_at=None):
     pos, noise, th = _inputs(model.config, B=1, ctx=6, q=5, seed=9)
     with torch.no_grad():

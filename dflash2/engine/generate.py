@@ -205,8 +205,11 @@ def speculative_generate(
         compile_modules(tgt, tgt.decoder_layers, checked.compile_level)
         if draft is not None and not proposer_like:  # a DFlash2 draft model; its attention is ours: light only
             compile_modules(draft, draft.layers, "light")
-    if draft is not None and not proposer_like and hasattr(draft, "set_kernel_impl"):
-        draft.set_kernel_impl(impl)
+    if draft is not None and not proposer_like:
+        if hasattr(draft, "set_kernel_impl"):
+            draft.set_kernel_impl(impl)
+        if hasattr(draft, "set_attention_impl"):  # the draft's cached attention follows the target's kernel
+            draft.set_attention_impl(attn_impl)
     # On CUDA a K/V length that grows by one every step gives attention a new shape every step,
     # and each new shape costs the default SDPA path a new plan: at batch 8 on the H200 the eager
     # loop ran 3x faster with one fixed length (docs/PERFORMANCE.md, exact mode). Masked tail

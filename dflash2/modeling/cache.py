@@ -57,12 +57,17 @@ class DraftContextCache:
         self.keys[layer_idx].scatter_(2, idx, k.to(self.keys[layer_idx].dtype))
         self.values[layer_idx].scatter_(2, idx, v.to(self.values[layer_idx].dtype))
 
-    def check_capacity(self, num_new: int) -> None:
+    def check_capacity(self, num_new: int, block_end: torch.Tensor | None = None) -> None:
+        """Raise unless `num_new` context entries (and, given `block_end [B]`, a block written up to
+        slot `block_end - 1`) fit every row."""
         # One host sync. Under CUDA-graph capture (no sync allowed) it is skipped: the engine
         # sizes max_len for prompt + max_new_tokens + a block up front, which bounds every write.
         if self.lengths.is_cuda and torch.cuda.is_current_stream_capturing():
             return
-        need = int(self.lengths.max()) + num_new
+        need = self.lengths + num_new
+        if block_end is not None:
+            need = torch.maximum(need, block_end)
+        need = int(need.max())
         if need > self.max_len:
             raise RuntimeError(f"DraftContextCache overflow: a row needs {need} slots but max_len is "
                                f"{self.max_len}; allocate the cache for prompt + max_new_tokens + block")

@@ -25,6 +25,8 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 
 from dflash2.checkpoint import load_draft, save_draft
 from dflash2.config import DFlash2Config
+from dflash2.kernels.dispatch import triton_interpreter_enabled
+from dflash2.kernels.row_attention import MAX_TILE_ROWS, row_attention
 from dflash2.modeling.cache import DraftContextCache
 from dflash2.modeling.conv import GroupedDynamicConv
 from dflash2.modeling.selector import CandidateSelector
@@ -49,6 +51,11 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     """x [B, heads, S, hd]; cos/sin [B, S, hd]."""
     cos, sin = cos[:, None], sin[:, None]
     return x * cos + rotate_half(x) * sin
+
+
+def _triton_on_cpu() -> bool:
+    """The Triton interpreter runs kernels on CPU tensors (tests)."""
+    return triton_interpreter_enabled()
 
 
 def _is_block_mask(mask) -> bool:
@@ -96,12 +103,22 @@ class DraftAttention(nn.Module):
         Q = _rope(Q, *rope_blk)                                   # [B, nh, q, hd]
         k_blk, v_blk = self._kv(u, *rope_blk)                     # [B, nkv, q, hd]
         k_ctx, v_ctx = self._kv(ctx, *rope_ctx)                   # [B, nkv, c, hd]
+        gqa = self.num_heads != self.num_kv_heads
         if cache is not None:
-            cache.write(layer_idx, k_ctx, v_ctx, slots)
-            k_ctx, v_ctx = cache.keys[layer_idx], cache.values[layer_idx]
+            # Inference: the new context and then the block go into the cache (the block at the
+            # slots right after the context, which the next step's context overwrites), and the
+            # attention reads the cache buffer in place: no [context; block] copy per layer.
+            ctx_slots, blk_slots = slots
+            cache.write(layer_idx, k_ctx, v_ctx, ctx_slots)
+            cache.write(layer_idx, k_blk, v_blk, blk_slots)
+            K, V = cache.keys[layer_idx].to(Q.dtype), cache.values[layer_idx].to(Q.dtype)
+            if mask.dtype == torch.bool:  # [B, 1, q, S] visibility
+                out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, enable_gqa=gqa).transpose(1, 2)
+            else:  # [B, q] last visible slot per query: the split-key kernel, no mask tensor
+                out = row_attention(Q, K, V, mask, impl="triton")
+            return self.o_proj(out.reshape(B, q, -1))
         K = torch.cat([k_ctx.to(k_blk.dtype), k_blk], dim=2)
         V = torch.cat([v_ctx.to(v_blk.dtype), v_blk], dim=2)
-        gqa = self.num_heads != self.num_kv_heads
         if _is_block_mask(mask):  # training layouts: block-sparse FlexAttention (dflash2.training.layout)
             out = _flex_attention(Q.device)(Q, K.to(Q.dtype), V.to(Q.dtype), block_mask=mask, enable_gqa=gqa)
         else:
@@ -203,6 +220,13 @@ class DFlash2DraftModel(PreTrainedModel):
     def block_size(self) -> int:
         return self.config.dflash_block_size
 
+    def set_attention_impl(self, impl: str) -> None:
+        """The cached (inference) attention's kernel, resolved `"torch"` (SDPA with a mask) or
+        `"triton"` (`dflash2.kernels.row_attention`, where its limits allow); training is unaffected."""
+        if impl not in ("torch", "triton"):
+            raise ValueError(f"attention impl must be a resolved 'torch' or 'triton', got {impl!r}")
+        self._attention_impl = impl
+
     def set_kernel_impl(self, impl: str) -> None:
         """Choose `auto | torch | triton` for the conv kernels of every layer."""
         for layer in self.layers:
@@ -234,6 +258,44 @@ class DFlash2DraftModel(PreTrainedModel):
         return head_transform(head(hidden), cfg.output_multiplier, cfg.final_logit_softcapping).float()
 
     # ------------------------------------------------------------------ masks
+    def _cached_visibility(self, pos_blk: torch.Tensor, first_blk: torch.Tensor, slots: int) -> list[torch.Tensor]:
+        """Per layer, what the cached attention may see, with the block at cache slots
+        `first_blk + i`: a bool mask `[B, 1, q, slots]`, or (Triton kernel, a full or causal layer
+        without a window) the last visible slot of each query `[B, q]`.
+
+        Context slot j (< first_blk) keeps its slot index as its position, as the cache always
+        did; block slot first_blk + i has position `pos_blk[:, i]`."""
+        B, q = pos_blk.shape
+        dev = pos_blk.device
+        cfg = self.config
+        g, hd = cfg.num_attention_heads // cfg.num_key_value_heads, cfg.head_dim
+        kernel = (getattr(self, "_attention_impl", "torch") == "triton" and (dev.type == "cuda" or _triton_on_cpu())
+                  and g * q <= MAX_TILE_ROWS and hd >= 16 and hd & (hd - 1) == 0)
+        blk = torch.arange(q, device=dev)
+        j = torch.arange(slots, device=dev)
+        is_ctx = j[None] < first_blk[:, None]                                      # [B, S]
+        in_blk = j[None] - first_blk[:, None]                                      # block index of slot j
+        is_blk = (in_blk >= 0) & (in_blk < q)
+        built: dict[tuple, torch.Tensor] = {}
+        out = []
+        for i in range(len(self.layers)):
+            key = (cfg.layer_is_causal(i), cfg.layer_window(i))
+            if key not in built:
+                causal, window = key
+                if kernel and window is None:
+                    last = first_blk[:, None] + (blk[None] if causal else torch.full_like(blk, q - 1)[None])
+                    built[key] = last.expand(B, q).contiguous()                    # [B, q] int64
+                else:
+                    m = (is_ctx | is_blk)[:, None, :].expand(B, q, slots)          # [B, q, S]
+                    if causal:
+                        m = m & (~is_blk[:, None, :] | (in_blk[:, None, :] <= blk[None, :, None]))
+                    if window is not None:
+                        pos_k = torch.where(is_ctx, j[None], pos_blk.gather(1, in_blk.clamp(0, q - 1)))
+                        m = m & ((pos_blk[:, :, None] - pos_k[:, None, :]).abs() < window)
+                    built[key] = m[:, None]
+            out.append(built[key])
+        return out
+
     def _masks(self, pos_q, pos_k, valid_k, q, attention_mask):
         """Boolean masks `[B, 1, q, Kn]` (True = attend), one per distinct layer rule."""
         if _is_block_mask(attention_mask):
@@ -305,16 +367,13 @@ class DFlash2DraftModel(PreTrainedModel):
                 raise ValueError("attention_mask is for cache-free (training) forwards")
             counts = (torch.full((B,), c, dtype=torch.long, device=pos_blk.device)
                       if context_lengths is None else context_lengths.to(device=pos_blk.device, dtype=torch.long))
-            cache.check_capacity(c)
-            slots = cache.slots_for(c)
-            slot_pos = torch.arange(cache.max_len, device=pos_blk.device)
-            valid_ctx = slot_pos[None, :] < (cache.lengths + counts)[:, None]
-            pos_k = torch.cat([slot_pos[None].expand(B, -1), pos_blk], dim=1)
+            first_blk = cache.lengths + counts  # [B] the block's slots follow the row's valid context
+            cache.check_capacity(c, first_blk + q)
+            slots = (cache.slots_for(c), first_blk[:, None] + torch.arange(q, device=pos_blk.device))
+            masks = self._cached_visibility(pos_blk, first_blk, cache.max_len)
         else:
-            valid_ctx = torch.ones(B, c, dtype=torch.bool, device=pos_blk.device)
-            pos_k = position_ids
-        valid_k = torch.cat([valid_ctx, torch.ones(B, q, dtype=torch.bool, device=pos_blk.device)], dim=1)
-        masks = self._masks(pos_blk, pos_k, valid_k, q, attention_mask)
+            valid_k = torch.ones(B, c + q, dtype=torch.bool, device=pos_blk.device)
+            masks = self._masks(pos_blk, position_ids, valid_k, q, attention_mask)
 
         x = noise_embedding
         # Training only (no cache, grad on): recompute each layer in backward to save memory.
