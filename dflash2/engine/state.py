@@ -72,6 +72,8 @@ def release_decode_state(model) -> bool:
     `TargetModel`) for the next call; True if there was one."""
     hf = model.model if isinstance(model, TargetModel) else model
     held = hf.__dict__.pop(_ATTR, None)
+    if held is not None:
+        held.close()
     return held is not None
 
 
@@ -85,6 +87,7 @@ def kept_state(tgt: TargetModel, key: tuple, batch: int, max_len: int) -> "Decod
         return held if held.lock.acquire(blocking=False) else None  # in use by another thread: build one
     if held.lock.acquire(blocking=False):  # not in use: free it before a new state is allocated
         tgt.model.__dict__.pop(_ATTR, None)
+        held.close()
         held.lock.release()
     return None
 
@@ -184,6 +187,11 @@ class DecodeState:
         self.ctx_counts = torch.zeros(batch, **longs)
         self.first_context: tuple | None = None
         self.report = torch.zeros(5, batch, **longs)  # the step's one device-to-host copy
+
+    def close(self) -> None:
+        """Drop the graphs: the runner's step is this state's bound method, a reference cycle that
+        would otherwise hold the buffers and graph pools until the cyclic collector runs."""
+        self.runner = None
 
     def load(self, rows: list[torch.Tensor], temperature: float, seeds: torch.Tensor, max_new_tokens: int,
              stops: torch.Tensor | None) -> None:

@@ -140,7 +140,18 @@ def test_release_and_a_state_in_use(models, fake_graphs):
         assert _kept(target) is not held
     finally:
         held.lock.release()
-    assert release_decode_state(target) is True and _kept(target) is None
+    import gc
+    import weakref
+
+    ReplayByRunning.instances.clear()  # the stand-in's own registry would keep the runners alive
+    gc.collect()
+    gc.disable()  # freed by reference counting alone (the step's graphs and buffers go at once)
+    try:
+        ref = weakref.ref(_kept(target))
+        assert release_decode_state(target) is True and _kept(target) is None
+        assert ref() is None
+    finally:
+        gc.enable()
     assert release_decode_state(target) is False
 
 
