@@ -14,8 +14,9 @@ through transformers' public extension points:
   It masks per row: key slot `j` is visible to query `i` of row `b` iff
   `j <= positions[b, i]` (= `len_b + i`), and, on a sliding layer with window `W`, also
   `j > positions[b, i] - W` (the HF sliding-window convention). The kernel is
-  `dflash2.kernels.row_attention`: SDPA with a mask built once per forward (`"torch"`, the
-  default), or a split-key GQA Triton kernel that needs no mask (`attention_kernel("triton")`).
+  `dflash2.kernels.row_attention`: SDPA with a mask built once per forward
+  (`attention_kernel("torch")`, and for prompts), or a split-key GQA Triton kernel that needs no
+  mask (`attention_kernel("triton")`, the engine's default on CUDA).
   The positions come from the `position_ids` kwarg, which stock Qwen3/Llama decoder layers
   forward to the attention function. We deliberately do *not* register a mask function in `AttentionMaskInterface`:
   for an implementation name missing there, `masking_utils` returns no mask at all
@@ -39,7 +40,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from dflash2.kernels.row_attention import MAX_TILE_ROWS, visible_mask
+from dflash2.kernels.row_attention import kernel_fits, visible_mask
 from dflash2.kernels.row_attention import row_attention as row_attention_kernel
 
 # The name must not contain "flash": transformers treats any such name as a FlashAttention
@@ -256,7 +257,7 @@ def row_attention(
     exact = query.is_cuda and not torch.compiler.is_compiling() and _EXACT.get()
     # The Triton kernel takes decode / verify blocks (no mask tensor: visibility comes from the
     # positions); prompts go through SDPA.
-    if not exact and _KERNEL.get() == "triton" and (nh // key.shape[1]) * q <= MAX_TILE_ROWS:
+    if not exact and _KERNEL.get() == "triton" and kernel_fits(nh, key.shape[1], q, query.shape[-1]):
         return row_attention_kernel(query, key, value, position_ids, window, scaling, impl="triton"), None
     visible = _visible(position_ids, b, q, key.shape[2], window, query.device)
     nkv = key.shape[1]

@@ -255,16 +255,15 @@ def speculative_generate(
             keep_state(tgt, state)
     try:
         return _decode(state, tgt, rows, checked, max_new_tokens=max_new_tokens, temperature=temperature, stops=stops,
-                       layer_ids=layer_ids, kv_bucket=kv_bucket, clock=clock, sync=sync, attn_impl=attn_impl)
+                       kv_bucket=kv_bucket, clock=clock, sync=sync, attn_impl=attn_impl)
     finally:
         state.lock.release()
 
 
 def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], checked, *, max_new_tokens: int,
-            temperature: float, stops, layer_ids: list[int], kv_bucket: int, clock, sync: bool,
-            attn_impl: str) -> SpeculativeOutput:
+            temperature: float, stops, kv_bucket: int, clock, sync: bool, attn_impl: str) -> SpeculativeOutput:
     """Prefill, then the decoding loop on `state` (its rows 0..len(rows)-1), then the outputs."""
-    device, exact, n_spec = tgt.device, state.exact, state.n_spec
+    device, exact, n_spec, layer_ids = tgt.device, state.exact, state.n_spec, state.layer_ids
     bsz, batch, cache = len(rows), state.batch, state.cache
     plen_host = [r.numel() for r in rows]
     p_max = max(plen_host)
@@ -275,7 +274,8 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
         t_start = clock()
         state.load(rows, temperature, row_seeds(checked.seed, bsz, device), max_new_tokens, stops)
         plens = state.plens[:bsz]
-        pos = torch.arange(p_max, device=device)[None].expand(bsz, p_max)
+        prompt_pos = torch.arange(p_max, device=device)[None]
+        pos = prompt_pos.expand(bsz, p_max)
         if exact:
             first_logits, prefill_features = prefill_rows(tgt, rows, cache, layer_ids, p_max)
         else:
@@ -297,8 +297,7 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
             if prefill_features is not None:
                 prefill_features = torch.cat([prefill_features, prefill_features.new_zeros(
                     batch - bsz, *prefill_features.shape[1:])])
-        state.start(first, (prefill_features, torch.arange(p_max, device=device)[None].expand(batch, p_max),
-                            state.plens.clone()))
+        state.start(first, (prefill_features, prompt_pos.expand(batch, p_max), state.plens.clone()))
         times.prefill = clock() - t_start
         gen_host = [1] * bsz
         done_host = state.done.tolist()

@@ -26,7 +26,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 from dflash2.checkpoint import load_draft, save_draft
 from dflash2.config import DFlash2Config
 from dflash2.kernels.dispatch import triton_interpreter_enabled
-from dflash2.kernels.row_attention import MAX_TILE_ROWS, row_attention
+from dflash2.kernels.row_attention import kernel_fits, row_attention
 from dflash2.modeling.cache import DraftContextCache
 from dflash2.modeling.conv import GroupedDynamicConv
 from dflash2.modeling.selector import CandidateSelector
@@ -51,11 +51,6 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     """x [B, heads, S, hd]; cos/sin [B, S, hd]."""
     cos, sin = cos[:, None], sin[:, None]
     return x * cos + rotate_half(x) * sin
-
-
-def _triton_on_cpu() -> bool:
-    """The Triton interpreter runs kernels on CPU tensors (tests)."""
-    return triton_interpreter_enabled()
 
 
 def _is_block_mask(mask) -> bool:
@@ -268,14 +263,12 @@ class DFlash2DraftModel(PreTrainedModel):
         B, q = pos_blk.shape
         dev = pos_blk.device
         cfg = self.config
-        g, hd = cfg.num_attention_heads // cfg.num_key_value_heads, cfg.head_dim
-        kernel = (getattr(self, "_attention_impl", "torch") == "triton" and (dev.type == "cuda" or _triton_on_cpu())
-                  and g * q <= MAX_TILE_ROWS and hd >= 16 and hd & (hd - 1) == 0)
+        # (On CPU the kernel runs only under the Triton interpreter, in tests.)
+        kernel = (getattr(self, "_attention_impl", "torch") == "triton"
+                  and (dev.type == "cuda" or triton_interpreter_enabled())
+                  and kernel_fits(cfg.num_attention_heads, cfg.num_key_value_heads, q, cfg.head_dim))
         blk = torch.arange(q, device=dev)
-        j = torch.arange(slots, device=dev)
-        is_ctx = j[None] < first_blk[:, None]                                      # [B, S]
-        in_blk = j[None] - first_blk[:, None]                                      # block index of slot j
-        is_blk = (in_blk >= 0) & (in_blk < q)
+        slot_parts = None  # (slot index j, context slot?, block index of j, block slot?), built if a mask is needed
         built: dict[tuple, torch.Tensor] = {}
         out = []
         for i in range(len(self.layers)):
@@ -286,6 +279,11 @@ class DFlash2DraftModel(PreTrainedModel):
                     last = first_blk[:, None] + (blk[None] if causal else torch.full_like(blk, q - 1)[None])
                     built[key] = last.expand(B, q).contiguous()                    # [B, q] int64
                 else:
+                    if slot_parts is None:
+                        j = torch.arange(slots, device=dev)
+                        in_blk = j[None] - first_blk[:, None]                      # [B, S]
+                        slot_parts = (j, j[None] < first_blk[:, None], in_blk, (in_blk >= 0) & (in_blk < q))
+                    j, is_ctx, in_blk, is_blk = slot_parts
                     m = (is_ctx | is_blk)[:, None, :].expand(B, q, slots)          # [B, q, S]
                     if causal:
                         m = m & (~is_blk[:, None, :] | (in_blk[:, None, :] <= blk[None, :, None]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash2.kernels.row_attention import MAX_TILE_ROWS, _row_attention_triton, row_attention, \
+from dflash2.kernels.row_attention import MAX_TILE_ROWS, _row_attention_triton, kernel_fits, row_attention, \
     row_attention_reference, split_count
 
 
@@ -92,3 +92,13 @@ def test_split_count_fills_the_gpu_with_whole_blocks():
     assert split_count(1, 8, 768) == 12   # 12 blocks of 64 keys, 96 programs
     assert split_count(32, 8, 768) == 1   # 256 programs already
     assert split_count(1, 8, 10) == 1
+
+
+def test_kernel_fits_matches_the_kernels_own_limits():
+    """The engine routes a shape to the kernel only where the kernel takes it (the target's and the
+    draft's attention ask `kernel_fits`; the kernel raises on the rest)."""
+    assert kernel_fits(32, 8, 16, 128) and kernel_fits(4, 2, 1, 16)
+    assert not kernel_fits(32, 8, 17, 128)   # 4 x 17 = 68 tile rows
+    assert not kernel_fits(8, 2, 4, 24)      # head_dim not a power of two
+    assert not kernel_fits(8, 2, 4, 8)       # head_dim below 16
+    assert not kernel_fits(6, 4, 1, 16)      # heads not a multiple of K/V heads

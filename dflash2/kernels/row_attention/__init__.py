@@ -20,7 +20,7 @@ try:
 except ImportError:  # triton missing: only impl="torch" works (resolve_impl says so)
     _tk = None
 
-__all__ = ["row_attention", "row_attention_reference", "visible_mask", "split_count", "MAX_TILE_ROWS"]
+__all__ = ["row_attention", "row_attention_reference", "visible_mask", "split_count", "kernel_fits", "MAX_TILE_ROWS"]
 
 MAX_TILE_ROWS = 64  # query heads per K/V head x queries: decode and verify blocks, not prompts
 _BLOCK_N = 64
@@ -29,6 +29,14 @@ _PROGRAMS = 264  # about two programs per SM on an H200 (132 SMs)
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def kernel_fits(heads: int, kv_heads: int, queries: int, head_dim: int) -> bool:
+    """Whether the Triton kernel takes this shape: a tile of (query heads per K/V head) x queries
+    of at most `MAX_TILE_ROWS` rows (decode / verify blocks, not prompts) and a power-of-two head
+    dimension of at least 16. Callers route other shapes to the reference."""
+    return (heads % kv_heads == 0 and (heads // kv_heads) * queries <= MAX_TILE_ROWS
+            and head_dim >= 16 and head_dim & (head_dim - 1) == 0)
 
 
 def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int = _BLOCK_N, programs: int = _PROGRAMS) -> int:
