@@ -36,9 +36,10 @@
 #   CALL=12: carry .whl shared          the cost model's out-of-sample check, the graph-path GPU tests (Triton
 #           attention by default), then the engine benchmark at context 4096 (issue 7 items 3, 5, 6)
 #   CALL=13: carry .whl shared          issue 7 item 1's GPU test (graphs of one call replayed by the next, batch
-#           buckets) with the other graph-path tests, then the row-attention tiling sweep (prepared)
+#           buckets) with the other graph-path tests, then the row-attention tiling sweep (ran 2026-11-30, fourth session)
 #   CALL=14: carry .whl shared          the batch-1 benchmark at compile level full with its HF peers, N = 7 and 15,
-#           on a whole call (a fresh machine compiles `full` for 3-4 minutes) (prepared)
+#           on a whole call (a fresh machine compiles `full` for 3-4 minutes; ran 2026-11-30: its N = 15 cell did not fit,
+#           re-run alone with --n 15 on the warm machine: docs/PERFORMANCE.md, fourth session)
 #   (A combined train + evaluate call ran first on 2026-11-30 and did not fit 10 minutes; removed.)
 #
 # Usage on the device:  CALL=N OUT=$OUT bash scripts/gpu_session.sh
