@@ -201,6 +201,9 @@ def test_sliding_window_hides_far_context():
     # block positions 6..10; context position 0 is >= 4 away from all of them, position 5 is not.
     assert torch.all(_sensitivity(model, change_ctx_at=0) == 0)
     assert _sensitivity(model, change_ctx_at=5)[0] > 0
+    # the boundary (spec: visible iff |query - key| < W): position 2 is exactly 4 away, 3 is 3 away
+    assert torch.all(_sensitivity(model, change_ctx_at=2) == 0)
+    assert _sensitivity(model, change_ctx_at=3)[0] > 0
 
 
 def test_head_logits_apply_multiplier_then_softcap():

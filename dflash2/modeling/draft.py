@@ -60,6 +60,22 @@ def _is_block_mask(mask) -> bool:
 _FLEX: dict[str, object] = {}
 
 
+def _rule_mask(valid_k: torch.Tensor, key_blk: torch.Tensor, pos_q: torch.Tensor, pos_k: torch.Tensor | None,
+               causal: bool, window: int | None) -> torch.Tensor:
+    """One layer rule's visibility `[B, 1, q, Kn]` (True = attend), for training and cached
+    inference alike: key j is visible to block query i iff `valid_k[b, j]`; on a causal layer,
+    unless j is a block key after slot i (`key_blk [B or 1, Kn]`: j's block index, < 0 for
+    context); with a window, iff `|pos_q[b, i] - pos_k[b, j]| < window` (`pos_k` may be None
+    without one)."""
+    q = pos_q.shape[1]
+    m = valid_k[:, None, :].expand(-1, q, -1)                     # [B, q, Kn]
+    if causal:
+        m = m & (key_blk[:, None, :] <= torch.arange(q, device=pos_q.device)[None, :, None])
+    if window is not None:
+        m = m & ((pos_q[:, :, None] - pos_k[:, None, :]).abs() < window)
+    return m[:, None]
+
+
 def _flex_attention(device: torch.device):
     """FlexAttention, compiled on CUDA (its fused kernel), eager elsewhere (reference math)."""
     from torch.nn.attention.flex_attention import flex_attention
@@ -253,10 +269,17 @@ class DFlash2DraftModel(PreTrainedModel):
         return head_transform(head(hidden), cfg.output_multiplier, cfg.final_logit_softcapping).float()
 
     # ------------------------------------------------------------------ masks
+    def _per_rule(self, build) -> list:
+        """`build(causal, window)` once per distinct layer rule, listed per layer."""
+        cfg = self.config
+        rules = [(cfg.layer_is_causal(i), cfg.layer_window(i)) for i in range(len(self.layers))]
+        built = {rule: build(*rule) for rule in dict.fromkeys(rules)}
+        return [built[rule] for rule in rules]
+
     def _cached_visibility(self, pos_blk: torch.Tensor, first_blk: torch.Tensor, slots: int) -> list[torch.Tensor]:
         """Per layer, what the cached attention may see, with the block at cache slots
-        `first_blk + i`: a bool mask `[B, 1, q, slots]`, or (Triton kernel, a full or causal layer
-        without a window) the last visible slot of each query `[B, q]`.
+        `first_blk + i`: a bool mask `[B, 1, q, slots]` (`_rule_mask`), or (Triton kernel, a full or
+        causal layer without a window) the last visible slot of each query `[B, q]`.
 
         Context slot j (< first_blk) keeps its slot index as its position, as the cache always
         did; block slot first_blk + i has position `pos_blk[:, i]`."""
@@ -268,57 +291,33 @@ class DFlash2DraftModel(PreTrainedModel):
                   and (dev.type == "cuda" or triton_interpreter_enabled())
                   and kernel_fits(cfg.num_attention_heads, cfg.num_key_value_heads, q, cfg.head_dim))
         blk = torch.arange(q, device=dev)
-        slot_parts = None  # (slot index j, context slot?, block index of j, block slot?), built if a mask is needed
-        built: dict[tuple, torch.Tensor] = {}
-        out = []
-        for i in range(len(self.layers)):
-            key = (cfg.layer_is_causal(i), cfg.layer_window(i))
-            if key not in built:
-                causal, window = key
-                if kernel and window is None:
-                    last = first_blk[:, None] + (blk[None] if causal else torch.full_like(blk, q - 1)[None])
-                    built[key] = last.expand(B, q).contiguous()                    # [B, q] int64
-                else:
-                    if slot_parts is None:
-                        j = torch.arange(slots, device=dev)
-                        in_blk = j[None] - first_blk[:, None]                      # [B, S]
-                        slot_parts = (j, j[None] < first_blk[:, None], in_blk, (in_blk >= 0) & (in_blk < q))
-                    j, is_ctx, in_blk, is_blk = slot_parts
-                    m = (is_ctx | is_blk)[:, None, :].expand(B, q, slots)          # [B, q, S]
-                    if causal:
-                        m = m & (~is_blk[:, None, :] | (in_blk[:, None, :] <= blk[None, :, None]))
-                    if window is not None:
-                        pos_k = torch.where(is_ctx, j[None], pos_blk.gather(1, in_blk.clamp(0, q - 1)))
-                        m = m & ((pos_blk[:, :, None] - pos_k[:, None, :]).abs() < window)
-                    built[key] = m[:, None]
-            out.append(built[key])
-        return out
+        j = key_blk = None  # slot indices [S] and their block index [B, S] (< 0: context), if a mask is needed
+
+        def build(causal: bool, window: int | None) -> torch.Tensor:
+            nonlocal j, key_blk
+            if kernel and window is None:
+                last = first_blk[:, None] + (blk[None] if causal else torch.full_like(blk, q - 1)[None])
+                return last.expand(B, q).contiguous()                              # [B, q] int64
+            if key_blk is None:
+                j = torch.arange(slots, device=dev)
+                key_blk = j[None] - first_blk[:, None]
+            pos_k = None if window is None else torch.where(
+                key_blk < 0, j[None], pos_blk.gather(1, key_blk.clamp(0, q - 1)))
+            return _rule_mask(key_blk < q, key_blk, pos_blk, pos_k, causal, window)
+
+        return self._per_rule(build)
 
     def _masks(self, pos_q, pos_k, valid_k, q, attention_mask):
-        """Boolean masks `[B, 1, q, Kn]` (True = attend), one per distinct layer rule."""
+        """Boolean masks `[B, 1, q, Kn]` (True = attend), one per distinct layer rule; the block
+        is the last q keys."""
         if _is_block_mask(attention_mask):
             return [attention_mask] * len(self.layers)
         if attention_mask is not None:
             m = attention_mask if attention_mask.dim() == 4 else attention_mask[:, None]
             return [m.bool()] * len(self.layers)
         Kn = pos_k.shape[1]
-        base = valid_k[:, None, :].expand(-1, q, -1)              # [B, q, Kn]
-        blk_q = torch.arange(q, device=pos_q.device)
-        in_block_causal = torch.ones(q, Kn, dtype=torch.bool, device=pos_q.device)
-        in_block_causal[:, Kn - q:] = blk_q[None, :] <= blk_q[:, None]
-        cache: dict[tuple, torch.Tensor] = {}
-        out = []
-        for i in range(len(self.layers)):
-            key = (self.config.layer_is_causal(i), self.config.layer_window(i))
-            if key not in cache:
-                m = base
-                if key[0]:
-                    m = m & in_block_causal
-                if key[1] is not None:
-                    m = m & ((pos_q[:, :, None] - pos_k[:, None, :]).abs() < key[1])
-                cache[key] = m[:, None]
-            out.append(cache[key])
-        return out
+        key_blk = (torch.arange(Kn, device=pos_q.device) - (Kn - q))[None]  # [1, Kn] block index (< 0: context)
+        return self._per_rule(lambda causal, window: _rule_mask(valid_k, key_blk, pos_q, pos_k, causal, window))
 
     # ------------------------------------------------------------------ forward
     def forward(
