@@ -22,19 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a fr
 KEEP = ("checks", "run_id", "prompt_format")
 
 
-def read_records(path: Path) -> list[dict]:
-    """Records of a JSONL file; a malformed line fails with its number (a torn last line from a
-    killed run is skipped with a warning)."""
-    from dflash2.evaluation.report import read_jsonl
-
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; pass the run directory that eval/run.py wrote")
-    out = read_jsonl(path)
-    if not out:
-        raise ValueError(f"{path} holds no records")
-    return out
-
-
 def read_config(run_dir: Path) -> dict | None:
     """The run's config: Hydra's `.hydra/config.yaml` (unresolved), else `run.json`."""
     hydra_cfg = run_dir / ".hydra" / "config.yaml"
@@ -61,11 +48,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     from dflash2.evaluation.report import print_summary, write_report
-    from dflash2.engine.cost import add_to_summary
+    from dflash2.evaluation.cost import add_to_summary
+    from dflash2.evaluation.records import read_run_records
     from dflash2.evaluation.stats import summarize
 
     run_dir = args.run_dir
-    records = read_records(run_dir / "records.jsonl")
+    records = read_run_records(run_dir)
     summary = summarize(records, n_resamples=args.n_resamples, seed=args.seed,
                         accuracy_margin=args.accuracy_margin, logprob_margin=args.logprob_margin)
     old_path = run_dir / "summary.json"

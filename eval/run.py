@@ -35,7 +35,7 @@ log = logging.getLogger("eval")
 
 @hydra.main(config_path="../configs/eval", config_name="eval", version_base=None)
 def main(cfg) -> None:
-    from dflash2.evaluation.sharding import run_eval
+    from dflash2.evaluation.run import run_eval
 
     hc = HydraConfig.get()
     # Run mode: hydra.run.dir = output_dir. Multirun: each grid point gets its own subdir.

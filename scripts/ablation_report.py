@@ -357,7 +357,7 @@ def sweep_table(sweep: dict | None, n_resamples: int, seed: int) -> tuple[list[s
               "predicted speedup (current cost model)"]
     if sweep is None:
         return header, [["-", NOT_RUN] + [NOT_RUN] * (len(header) - 2)], [f"N sweep: {NOT_RUN}"], []
-    from dflash2.engine.cost import for_report
+    from dflash2.evaluation.cost import for_report
 
     s, recs = sweep["summary"], sweep["records"]
     # The run's own cost model (summary.json, as written when the sweep ran), and the current

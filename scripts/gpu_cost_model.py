@@ -1,4 +1,4 @@
-"""Out-of-sample validation of the cost model (`dflash2.engine.cost`, issue 7 item 5) on one GPU.
+"""Out-of-sample validation of the cost model (`dflash2.evaluation.cost`, issue 7 item 5) on one GPU.
 
     OUT=/tmp/out python scripts/gpu_cost_model.py                      # Qwen3-8B-shaped random target
     OUT=... python scripts/gpu_cost_model.py --gguf path/SmolLM2-135M-Instruct.Q4_1.gguf   # real model
@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dflash2.engine import speculative_generate  # noqa: E402
 from dflash2.engine.compiled import COMPILE_LEVELS  # noqa: E402
-from dflash2.engine.cost import AcceptanceProfile, StepCost, StepCostModel, predict_speedup  # noqa: E402
+from dflash2.evaluation.cost import AcceptanceProfile, StepCost, StepCostModel, predict_speedup  # noqa: E402
 from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer  # noqa: E402
 from dflash2.target import TargetModel  # noqa: E402
 

@@ -13,6 +13,14 @@ not its recorded count (the same as the z-lab benchmark's acceptance lengths).
 - `per_position_acceptance`: for draft slot i = 1..N, the fraction of steps that accepted at
   least i tokens (slot i is only reached when slots < i were accepted).
 - `accepted_length_histogram`: how many steps accepted exactly a = 0..N draft tokens.
+- `produced_and_steps`: per request, tokens produced (sum of a + 1) and steps: the two arrays
+  every tau above is a ratio of (and what a cluster bootstrap over requests resamples).
+- `conditional_acceptance`: `a_i = P(slot i accepted | slots < i accepted) = u_i / u_{i-1}`
+  from the unconditional `u_i` of `per_position_acceptance` (`u_0 = 1`).
+
+This module is the one implementation of these statistics: the engine's own output
+(`summarize`), the evaluation summaries (`dflash2.evaluation.stats`), the cost model
+(`dflash2.evaluation.cost`) and the cross-run comparison all call it.
 """
 
 from __future__ import annotations
@@ -20,11 +28,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 Accepted = Sequence[Sequence[int]]  # per row, per step: accepted draft tokens
 
 
 def _steps(accepted: Accepted) -> list[int]:
     return [a for row in accepted for a in row]
+
+
+def produced_and_steps(accepted: Accepted) -> tuple[np.ndarray, np.ndarray]:
+    """Per request (row): tokens produced including the bonus, `sum(a + 1)`, and its number of
+    steps, as float arrays of shape `[rows]` each (a row without steps gives 0 and 0)."""
+    produced = np.array([sum(int(a) + 1 for a in row) for row in accepted], dtype=float)
+    steps = np.array([len(row) for row in accepted], dtype=float)
+    return produced, steps
 
 
 def tau_pooled(accepted: Accepted) -> float:
@@ -47,10 +65,36 @@ def per_position_acceptance(accepted: Accepted, num_speculative_tokens: int) -> 
     return [sum(a >= i for a in steps) / len(steps) for i in range(1, num_speculative_tokens + 1)]
 
 
+def conditional_acceptance(unconditional: Sequence[float | None]) -> list[float | None]:
+    """`[N]`: `a_i = u_i / u_{i-1}` (`u_0 = 1`) from `u_i = P(at least i drafts accepted)`.
+
+    A position whose `u` is None (not measured) gives None; after a position with `u = 0` every
+    `a` is 0 (nothing reaches it, and a cost model must not draft there). Values in [0, 1].
+    Raises ValueError when a `u` is outside [0, 1] or `u` increases with position.
+    """
+    out: list[float | None] = []
+    prev: float | None = 1.0
+    for u in unconditional:
+        if u is None or prev is None:
+            out.append(None)
+            prev = None
+            continue
+        u = float(u)
+        if not 0.0 <= u <= 1.0:
+            raise ValueError(f"unconditional acceptance {u} is not in [0, 1]")
+        if u > prev + 1e-12:
+            raise ValueError(f"unconditional acceptance must not increase with position: {list(unconditional)}")
+        out.append(min(u / prev, 1.0) if prev > 0 else 0.0)
+        prev = u
+    return out
+
+
 def accepted_length_histogram(accepted: Accepted, num_speculative_tokens: int) -> list[int]:
     """`[N + 1]`: entry a = number of steps that accepted exactly a draft tokens."""
     hist = [0] * (num_speculative_tokens + 1)
     for a in _steps(accepted):
+        if not 0 <= a <= num_speculative_tokens:
+            raise ValueError(f"accepted count {a} outside 0..{num_speculative_tokens}")
         hist[a] += 1
     return hist
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = ("arms", "config", "datasets", "lm_eval", "oracle", "report", "runner", "sandbox", "scoring",
-               "stats", "wandb_log")
+_SUBMODULES = ("arms", "config", "cost", "datasets", "lm_eval", "oracle", "records", "report", "run", "runner",
+               "sandbox", "scoring", "sharding", "stats", "wandb_log")
 
 __all__ = list(_SUBMODULES)
 

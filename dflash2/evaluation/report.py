@@ -27,26 +27,10 @@ matplotlib.use("Agg")  # files only; never a GUI backend (headless servers, test
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+# scripts/ablation_report.py reads its runs' JSONL through this name; the one rule is dflash2.jsonl's.
+from dflash2.jsonl import read_jsonl  # noqa: E402,F401
+
 # ------------------------------------------------------------------------------ formatting
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL file (records, training metrics). A torn last line, what a killed run
-    leaves, is skipped with a warning; any other malformed line fails with its number."""
-    path = Path(path)
-    lines = path.read_text().splitlines()
-    out = []
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if i == len(lines):
-                print(f"warning: {path}:{i} is a truncated last line (killed run?); skipped", file=sys.stderr)
-                continue
-            raise ValueError(f"{path}:{i} is not valid JSON ({e.msg}); fix or remove that line") from e
-    return out
 
 
 def _f(v: Any, digits: int = 2) -> str:

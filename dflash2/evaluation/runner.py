@@ -4,13 +4,13 @@
         AR arm first, then the other arms in an order rotated per chunk
         each arm: speculative_generate(...) -> one record per sample, appended and flushed
 
-Records follow the contract in `dflash2/evaluation/stats.py` (see `records.md`); statistics
+Records are `dflash2.evaluation.records.Record`s (their fields are documented there); statistics
 and reports are computed afterwards from the records alone (`stats.summarize`,
 `report.write_report`). Each sample's seed is a hash of (seed, sample_id), so batching,
 ordering and resuming never change a sample's draws. With `resume=true`, finished
 (arm, sample) pairs are skipped; a run directory whose `run.json` holds another run identity
 is refused. With several processes (`accelerate launch`, see `sharding.py`) each runs its
-share of the items and appends to its own shard file; rank 0 merges them.
+share of the items and appends to its own shard file; rank 0 merges them (`run.py`).
 
 Per distinct output, one extra target forward gives the mean log-probability of the tokens;
 for outputs that depart from the AR arm's, the AR sequence's forward gives the target's
@@ -29,16 +29,18 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from dflash2.engine.stats import tau_pooled
 from dflash2.evaluation import datasets as ds
 from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm
 from dflash2.evaluation.config import run_identity, to_container, validate
 from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval
 from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion, load_judge
+from dflash2.evaluation.records import RECORDS, append_records
 from dflash2.evaluation.sharding import SHARDS_DIR, Shard, existing_records, shard_file, shard_of
 
 log = logging.getLogger(__name__)
 
-RECORDS, RUN_JSON, SUMMARY = "records.jsonl", "run.json", "summary.json"
+RUN_JSON, SUMMARY = "run.json", "summary.json"
 
 
 def dataset_limit(data, name: str) -> int | None:
@@ -55,29 +57,6 @@ def sample_seed(base: int, sample_id: str) -> int:
 
 def prompt_hash(ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(list(map(int, ids))).encode()).hexdigest()[:16]
-
-
-def read_records(path: Path, repair: bool = True) -> list[dict]:
-    """Records of `path`; a torn last line (a killed run) is dropped and, with `repair`, cut from
-    the file so appending continues on a clean line (without it the file is left as it is)."""
-    if not path.exists():
-        return []
-    raw = path.read_bytes()
-    good_end, out = 0, []
-    for line in raw.splitlines(keepends=True):
-        try:
-            if not line.endswith(b"\n"):
-                raise ValueError("torn line")
-            out.append(json.loads(line))
-            good_end += len(line)
-        except ValueError:
-            if repair:
-                log.warning("records: dropping a torn line at byte %d of %s (killed run)", good_end, path)
-            break
-    if repair and good_end != len(raw):
-        with open(path, "r+b") as f:
-            f.truncate(good_end)
-    return out
 
 
 def draft_training_format_hash(draft_path: str | None) -> str | None:
@@ -288,26 +267,24 @@ class EvalRunner:
         self._warmup()
         desc = "samples x arms" if sh.world == 1 else f"samples x arms (rank {sh.rank} of {sh.world})"
         bar = tqdm(total=total, initial=len(done & mine), desc=desc, unit="gen", disable=not sh.main)
-        with open(rec_path, "a") as fh:
-            for p, phase in enumerate((first, second)):
-                bs = int(self.cfg.batch_size)
-                for c, start in enumerate(range(0, len(phase), bs)):
-                    chunk = phase[start: start + bs]
-                    others = self.arms[1:]
-                    k = c % len(others) if others else 0
-                    for arm in [self.arms[0]] + others[k:] + others[:k]:
-                        todo = [(it, t) for it, t in chunk if (arm.label, it.sample_id(t)) not in done]
-                        if not todo:
-                            continue
-                        for rec in self._run_arm(arm, todo, ar_by_id):
-                            rec.update(where, batch=f"{p}/{c}")  # the same key for every arm of this chunk
-                            fh.write(json.dumps(rec) + "\n")
-                            fh.flush()
-                            records.append(rec)
-                            done.add((rec["arm"], rec["sample_id"]))
-                            if arm.kind == "ar":
-                                ar_by_id[rec["sample_id"]] = rec
-                            bar.update(1)
+        for p, phase in enumerate((first, second)):
+            bs = int(self.cfg.batch_size)
+            for c, start in enumerate(range(0, len(phase), bs)):
+                chunk = phase[start: start + bs]
+                others = self.arms[1:]
+                k = c % len(others) if others else 0
+                for arm in [self.arms[0]] + others[k:] + others[:k]:
+                    todo = [(it, t) for it, t in chunk if (arm.label, it.sample_id(t)) not in done]
+                    if not todo:
+                        continue
+                    for rec in self._run_arm(arm, todo, ar_by_id):
+                        rec.update(where, batch=f"{p}/{c}")  # the same key for every arm of this chunk
+                        append_records(rec_path, [rec])  # validated, fsynced: a kill tears at most this line
+                        records.append(rec)
+                        done.add((rec["arm"], rec["sample_id"]))
+                        if arm.kind == "ar":
+                            ar_by_id[rec["sample_id"]] = rec
+                        bar.update(1)
         bar.close()
         return records
 
@@ -430,7 +407,7 @@ def run_checks(records: list[dict], checks, exact: bool = False) -> dict:
     by_arm: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         by_arm[r["arm"]].append(r)
-    oracle = {a: sum(sum(r["accepted"]) for r in rs) / max(1, sum(r["steps"] for r in rs))
+    oracle = {a: tau_pooled([r["accepted"] for r in rs]) - 1.0  # mean accepted drafts per step
               for a, rs in by_arm.items() if rs[0]["arm_kind"] == "oracle"}
     if oracle:
         out["oracle_mean_accepted_per_step"] = oracle
@@ -456,7 +433,7 @@ def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = 
     summary["checks"] = run_checks(records, cfg.checks, exact=bool(cfg.exact))
     if runner is not None:
         summary["run_id"], summary["prompt_format"] = runner.run_id, runner.fmt.to_dict()
-    from dflash2.engine.cost import add_to_summary
+    from dflash2.evaluation.cost import add_to_summary
 
     predictions = add_to_summary(summary, records)  # summary["cost_model"] (in-sample) + a note
     (out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, default=str))

@@ -9,8 +9,8 @@ warmup and its own interleaved timed arms (speedups are paired within a process)
 its records to `DIR/shards/records.rank<r>.jsonl` with the usual crash/resume rules (torn lines
 dropped, finished (arm, sample) pairs skipped, run identity checked by rank 0). After all ranks
 finish, rank 0 merges every shard file (and any earlier `records.jsonl`) into one
-`DIR/records.jsonl`, de-duplicated by (arm, sample_id) in a canonical order (sample order, then
-arm order), and writes the summary, the report and W&B once. Records of a sharded run carry
+`DIR/records.jsonl`, one record per (arm, sample) (`records.dedupe`) in a canonical order (sample
+order, then arm order), and writes the summary, the report and W&B once (`run.run_eval`). Records of a sharded run carry
 `rank` and `world_size`.
 
 A sample's seed depends on (seed, sample_id) only and the run identity not on the process count,
@@ -20,20 +20,21 @@ run's (bitwise at T = 0 in the engine's exact mode; at T > 0 the same per-sample
 makes each row independent of its neighbours). One process (`python eval/run.py ...`) behaves
 as before: no `shards/`, no extra fields.
 
-Public: `Shard`, `init_shard`, `shard_of`, `shard_file`, `existing_records`, `merge_records`,
-`merge_run_dir`, `compare_runs`, `run_eval`.
+Public: `Shard`, `init_shard`, `shard_of`, `shard_file`, `shard_files`, `existing_records`,
+`merge_records`, `merge_run_dir`, `compare_runs`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from dflash2.evaluation.records import RECORDS, dedupe, read_records
+from dflash2.jsonl import rewrite_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +122,9 @@ def shard_file(out_dir: str | Path, rank: int) -> Path:
     return Path(out_dir) / SHARDS_DIR / f"records.rank{int(rank)}.jsonl"
 
 
-def _shard_files(out_dir: Path) -> list[Path]:
+def shard_files(out_dir: str | Path) -> list[Path]:
     """Every shard file in `out_dir`, by rank (also those of an earlier run with more processes)."""
-    d = out_dir / SHARDS_DIR
+    d = Path(out_dir) / SHARDS_DIR
     if not d.is_dir():
         return []
     files = [p for p in d.glob("records.rank*.jsonl") if p.stem.removeprefix("records.rank").isdigit()]
@@ -135,15 +136,13 @@ def existing_records(out_dir: str | Path, *, repair: bool) -> list[dict]:
 
     Args:
         out_dir: the run directory.
-        repair: cut torn last lines from the files (`runner.read_records`), so appends continue
-            on a clean line. Only one process may repair, before any process appends.
+        repair: drop torn last lines from the files (`records.read_records(repair=True)`), so
+            appends continue on a clean line. Only one process may repair, before any appends.
     Returns:
         the records in file order (duplicates possible: a merged file repeats shard records).
     """
-    from dflash2.evaluation.runner import RECORDS, read_records
-
     out_dir = Path(out_dir)
-    paths = [out_dir / RECORDS] + _shard_files(out_dir)
+    paths = [out_dir / RECORDS] + shard_files(out_dir)
     recs: list[dict] = []
     for p in paths:
         if p.exists():
@@ -152,7 +151,7 @@ def existing_records(out_dir: str | Path, *, repair: bool) -> list[dict]:
 
 
 def merge_records(records: list[dict], sample_order: list[str], arm_order: list[str]) -> list[dict]:
-    """De-duplicate by (arm, sample_id) (the first occurrence wins) and sort canonically.
+    """One record per (arm, sample) (`records.dedupe`: the last written wins) sorted canonically.
 
     Args:
         records: records from every source, earlier sources first.
@@ -164,15 +163,11 @@ def merge_records(records: list[dict], sample_order: list[str], arm_order: list[
     """
     s_pos = {s: i for i, s in enumerate(sample_order)}
     a_pos = {a: i for i, a in enumerate(arm_order)}
-    seen: dict[tuple[str, str], dict] = {}
-    for r in records:
-        seen.setdefault((r["arm"], r["sample_id"]), r)
-
     def key(r: dict) -> tuple:
         s, a = r["sample_id"], r["arm"]
         return (s_pos.get(s, len(s_pos)), s, a_pos.get(a, len(a_pos)), a)
 
-    return sorted(seen.values(), key=key)
+    return sorted(dedupe(records), key=key)
 
 
 def merge_run_dir(out_dir: str | Path, sample_order: list[str], arm_order: list[str]) -> list[dict]:
@@ -183,17 +178,9 @@ def merge_run_dir(out_dir: str | Path, sample_order: list[str], arm_order: list[
     Returns:
         the merged records.
     """
-    from dflash2.evaluation.runner import RECORDS
-
     out_dir = Path(out_dir)
     merged = merge_records(existing_records(out_dir, repair=True), sample_order, arm_order)
-    tmp = out_dir / (RECORDS + ".tmp")
-    with open(tmp, "w") as fh:
-        for r in merged:
-            fh.write(json.dumps(r) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, out_dir / RECORDS)
+    rewrite_jsonl(out_dir / RECORDS, merged)
     return merged
 
 
@@ -209,14 +196,9 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path, fields: tuple[str, ...] =
         (ranks that produced records; [] for a 1-process run), `wall_s_a/_b` (sum of the
         records' generation wall times), `equal` (same keys, no duplicates, all fields equal).
     """
-    from dflash2.evaluation.runner import RECORDS, read_records
-
     def load(d) -> tuple[dict, int, list[int], float]:
-        path = Path(d) / RECORDS
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist; pass a run directory that eval/run.py finished")
-        recs = read_records(path, repair=False)
-        by_key = {(r["arm"], r["sample_id"]): r for r in recs}
+        recs = read_records(Path(d) / RECORDS)
+        by_key = {(r["arm"], r["sample_id"]): r for r in dedupe(recs)}
         ranks = sorted({int(r["rank"]) for r in recs if r.get("rank") is not None})
         return by_key, len(recs) - len(by_key), ranks, float(sum(r.get("wall_s") or 0.0 for r in recs))
 
@@ -237,53 +219,3 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path, fields: tuple[str, ...] =
         "wall_s_a": wall_a, "wall_s_b": wall_b,
         "equal": not differing and not only_a and not only_b and dup_a == dup_b == 0 and bool(common),
     }
-
-
-def run_eval(cfg, run_dir: str | Path, job_name: str | None = "eval") -> Path | None:
-    """One evaluation on this process's shard (the body of `eval/run.py`).
-
-    Args:
-        cfg: the `EvalConfig`.
-        run_dir: Hydra's run directory (= `output_dir`; rank 0's is used by every process, so a
-            timestamped default resolved a second apart on two processes cannot split the run).
-        job_name: Hydra's job name (its log file is not counted as a leftover of an earlier run).
-    Returns:
-        the run directory on the process that wrote the summary and report (rank 0), else None.
-    """
-    from dflash2.evaluation.runner import EvalRunner, finish
-    from dflash2.runconfig import prepare_output_dir
-
-    shard = init_shard(cfg.hardware)
-    if shard.world == 1:
-        out = prepare_output_dir(run_dir, bool(cfg.resume), job_name=job_name)
-        runner = EvalRunner(cfg, out, shard=shard)
-        records = runner.run()
-        if _shard_files(out):  # resumed from a sharded run: fold its shard records in
-            records = merge_run_dir(out, runner.sample_order(), [a.label for a in runner.arms])
-        finish(cfg, out, records, runner)
-        return out
-
-    error, path = None, None
-    if shard.main:
-        try:
-            path = str(prepare_output_dir(run_dir, bool(cfg.resume), job_name=job_name))
-        except (OSError, ValueError) as e:  # FileExistsError / PermissionError: raise after telling the others
-            error = e
-    path = shard.broadcast(path)
-    if path is None:
-        if error is not None:
-            raise error
-        log.error("rank %d: rank 0 could not prepare output_dir=%s; exiting", shard.rank, run_dir)
-        return None
-    out = Path(path)
-    if Path(run_dir).resolve() != out.resolve():
-        log.warning("rank %d: output_dir resolved to %s here, using rank 0's %s", shard.rank, run_dir, out)
-    runner = EvalRunner(cfg, out, shard=shard)
-    runner.run()
-    log.info("rank %d of %d: done", shard.rank, shard.world)
-    shard.wait()  # every shard file is complete
-    if not shard.main:
-        return None
-    records = merge_run_dir(out, runner.sample_order(), [a.label for a in runner.arms])
-    finish(cfg, out, records, runner)
-    return out

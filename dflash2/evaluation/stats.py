@@ -1,7 +1,10 @@
 """Statistics over evaluation records (`DIR/records.jsonl`) -> `DIR/summary.json`.
 
-Everything is computed afterwards from the per-(arm, sample) records (log-first eval). The
-conventions, also written into every summary under `"conventions"`:
+Everything is computed afterwards from the per-(arm, sample) records (log-first eval; their
+fields: `dflash2.evaluation.records.Record`; one per (arm, T, sample): `records.dedupe`). The
+point values of tau, per-position acceptance and the histogram come from
+`dflash2.engine.stats` (the one implementation); this module adds their CIs and the paired
+tests. The conventions, also written into every summary under `"conventions"`:
 
 - **tau includes the bonus token** (spec 3.7 / 11.7). *Pooled* tau = sum over all steps of
   (accepted + 1) / number of steps (long requests weigh more); *per-request* tau = mean over
@@ -21,7 +24,7 @@ conventions, also written into every summary under `"conventions"`:
   within +-`logprob_margin` nats/token: a distribution-level losslessness check without a scorer.
 
 Public: `mcnemar_exact`, `tost_paired`, `paired_bootstrap_ci`, `bootstrap_ci`, `mcnemar_mde`,
-`summarize`, `to_jsonable`.
+`acceptance`, `batch_key`, `batch_totals`, `summarize`, `conventions`, `to_jsonable`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from dflash2 import jsonl
+from dflash2.engine.stats import (accepted_length_histogram, per_position_acceptance, produced_and_steps,
+                                  tau_per_request_mean, tau_pooled)
+from dflash2.evaluation.records import dedupe, validate
 
 CONFIDENCE = 0.95
 
@@ -184,21 +192,18 @@ def _mean_diff(a, b, axis=-1):
     return np.mean(a, axis=axis) - np.mean(b, axis=axis)
 
 
-def to_jsonable(obj: Any) -> Any:
-    """Plain JSON types: numpy scalars/arrays unwrapped, tuples as lists, nan/inf as None."""
+def _unwrap_numpy(obj: Any) -> Any:
+    """numpy scalars and arrays as Python values, dict keys as str, tuples as lists, recursively."""
     if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return to_jsonable(obj.tolist())
-    if isinstance(obj, (np.bool_, bool)):
-        return bool(obj)
-    if isinstance(obj, (np.integer, int)):
-        return int(obj)
-    if isinstance(obj, (np.floating, float)):
-        return float(obj) if math.isfinite(obj) else None
-    return obj
+        return {str(k): _unwrap_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, np.ndarray)):
+        return [_unwrap_numpy(v) for v in (obj.tolist() if isinstance(obj, np.ndarray) else obj)]
+    return obj.item() if isinstance(obj, np.generic) else obj
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Plain JSON types: numpy unwrapped, tuples as lists, nan/inf as None (`dflash2.jsonl`)."""
+    return jsonl.to_jsonable(_unwrap_numpy(obj))
 
 
 def batch_key(rec: dict) -> tuple:
@@ -228,34 +233,38 @@ def _sort_key(arm: str, info: dict) -> tuple:
             int(info["num_speculative_tokens"]), arm)
 
 
-def _acceptance(recs: list[dict], N: int, n_resamples: int, seed: int, with_position_ci: bool) -> dict:
-    """tau (pooled, per-request), per-position acceptance and histogram over `recs`' steps."""
-    acc = [np.asarray(r["accepted"] or [], dtype=np.int64) for r in recs]
-    steps = np.array([a.size for a in acc], dtype=float)
-    produced = np.array([a.sum() + a.size for a in acc], dtype=float)  # tokens incl. the bonus
-    all_steps = np.concatenate(acc) if acc else np.zeros(0, dtype=np.int64)
-    out: dict[str, Any] = {"steps_total": int(steps.sum())}
-    if all_steps.size == 0:
+def acceptance(recs: list[dict], N: int, n_resamples: int = 2000, seed: int = 0,
+               with_position_ci: bool = False) -> dict:
+    """tau (pooled, per-request), per-position acceptance and histogram over `recs`' steps, with
+    95% cluster-bootstrap CIs (requests resampled).
+
+    Point values are `dflash2.engine.stats`'s; None where there are no steps. Returns
+    `steps_total`, `tau_pooled(_ci)`, `tau_per_request(_ci)`, `per_position_acceptance` `[N]`,
+    `per_position_acceptance_ci` (`[N]` of (low, high) with `with_position_ci`, else absent) and
+    `accepted_length_histogram` `[N + 1]`.
+    """
+    accepted = [r["accepted"] or [] for r in recs]
+    produced, steps = produced_and_steps(accepted)
+    out: dict[str, Any] = {"steps_total": int(steps.sum()),
+                           "accepted_length_histogram": accepted_length_histogram(accepted, N)}
+    if steps.sum() == 0:
         out.update(tau_pooled=None, tau_pooled_ci=None, tau_per_request=None, tau_per_request_ci=None,
-                   per_position_acceptance=[None] * N, per_position_acceptance_ci=None,
-                   accepted_length_histogram=[0] * (N + 1))
+                   per_position_acceptance=[None] * N, per_position_acceptance_ci=None)
         return out
     has = steps > 0
-    out["tau_pooled"] = float(produced.sum() / steps.sum())
+    out["tau_pooled"] = tau_pooled(accepted)
     out["tau_pooled_ci"] = paired_bootstrap_ci(produced[has], steps[has], _ratio, n_resamples, seed,
                                                vectorized=True)
-    per_req = produced[has] / steps[has]
-    out["tau_per_request"] = float(per_req.mean())
-    out["tau_per_request_ci"] = bootstrap_ci(per_req, np.mean, n_resamples, seed)
-    out["per_position_acceptance"] = [float((all_steps >= i).mean()) for i in range(1, N + 1)]
+    out["tau_per_request"] = tau_per_request_mean(accepted)
+    out["tau_per_request_ci"] = bootstrap_ci(produced[has] / steps[has], np.mean, n_resamples, seed)
+    out["per_position_acceptance"] = per_position_acceptance(accepted, N)
     if with_position_ci:
+        acc = [np.asarray(a, dtype=np.int64) for a, h in zip(accepted, has) if h]
         cis = []
         for i in range(1, N + 1):
-            hits = np.array([(a >= i).sum() for a in acc], dtype=float)[has]
+            hits = np.array([(a >= i).sum() for a in acc], dtype=float)
             cis.append(paired_bootstrap_ci(hits, steps[has], _ratio, n_resamples, seed, vectorized=True))
         out["per_position_acceptance_ci"] = cis
-    hist = np.bincount(np.clip(all_steps, 0, N), minlength=N + 1)
-    out["accepted_length_histogram"] = [int(v) for v in hist[: N + 1]]
     return out
 
 
@@ -323,7 +332,7 @@ def _metrics(recs: list[dict], info: dict, ar: dict[str, dict] | None, n_resampl
     m: dict[str, Any] = {"n": len(recs), "tokens_total": tokens, "wall_s_total": wall,
                          "tokens_per_s": tokens / wall if wall > 0 else None,
                          "finish_reasons": dict(Counter(r["finish_reason"] for r in recs))}
-    m.update(_acceptance(recs, N, n_resamples, seed, with_position_ci))
+    m.update(acceptance(recs, N, n_resamples, seed, with_position_ci))
     lps = [r["logprob_mean"] for r in recs if r.get("logprob_mean") is not None]
     m["logprob_mean"] = float(np.mean(lps)) if lps else None
     scored = [bool(r["correct"]) for r in recs if r.get("correct") is not None]
@@ -343,28 +352,14 @@ def _metrics(recs: list[dict], info: dict, ar: dict[str, dict] | None, n_resampl
 
 # ------------------------------------------------------------------------------ summary
 
-REQUIRED = ("arm", "arm_kind", "num_speculative_tokens", "temperature", "dataset", "sample_id", "tokens",
-            "wall_s", "steps", "accepted", "finish_reason")
-
-
-def _check(records: list[dict]) -> None:
-    for i, r in enumerate(records):
-        missing = [k for k in REQUIRED if k not in r]
-        if missing:
-            raise ValueError(f"record {i} (arm={r.get('arm')!r}, sample_id={r.get('sample_id')!r}) lacks "
-                             f"{missing}; see the records contract in dflash2/evaluation/stats.py")
-        if r["accepted"] and max(r["accepted"]) > int(r["num_speculative_tokens"]):
-            raise ValueError(f"record {i} ({r['arm']}, {r['sample_id']}): accepted {max(r['accepted'])} > "
-                             f"num_speculative_tokens {r['num_speculative_tokens']}")
-
-
 def summarize(records: list[dict], *, n_resamples: int = 2000, seed: int = 0, accuracy_margin: float = 0.02,
               logprob_margin: float = 0.05) -> dict:
     """All statistics of a run, JSON-serializable (the content of `DIR/summary.json`).
 
     Args:
-        records: one dict per (arm, sample), fields as in the records contract. A later record
-            for the same (arm, temperature, sample_id) replaces an earlier one (resumed runs).
+        records: one dict per (arm, sample) (`records.Record` fields; validated here). A later
+            record for the same (arm, temperature, sample_id) replaces an earlier one
+            (`records.dedupe`).
         n_resamples, seed: bootstrap settings (every CI is deterministic given the seed).
         accuracy_margin: TOST equivalence margin on accuracy (0.02 = +-2 points).
         logprob_margin: TOST margin on the mean per-token log-probability (nats/token), T > 0.
@@ -374,20 +369,18 @@ def summarize(records: list[dict], *, n_resamples: int = 2000, seed: int = 0, ac
         by_category}, and `vs_n[arm_kind]` = per-N series (tau, speedup with CIs) for plots.
         Arms are labelled by `arm`, suffixed `|T=...` when the records hold several temperatures.
     """
-    _check(records)
-    multi_t = len({float(r["temperature"]) for r in records}) > 1
-    latest: dict[tuple, dict] = {}
-    for r in records:
-        latest[(_arm_key(r, multi_t), r["sample_id"])] = r
+    kept = dedupe(validate(records))
+    multi_t = len({float(r["temperature"]) for r in kept}) > 1
     by_arm: dict[str, list[dict]] = defaultdict(list)
     info: dict[str, dict] = {}
-    for (arm, _), r in latest.items():
+    for r in kept:
+        arm = _arm_key(r, multi_t)
         by_arm[arm].append(r)
         info.setdefault(arm, {k: r[k] for k in ("arm_kind", "num_speculative_tokens", "temperature")})
     arms = sorted(by_arm, key=lambda a: _sort_key(a, info[a]))
     ar_of_t = {float(info[a]["temperature"]): {r["sample_id"]: r for r in by_arm[a]}
                for a in arms if info[a]["arm_kind"] == "ar"}
-    datasets = sorted({r["dataset"] for r in latest.values()})
+    datasets = sorted({r["dataset"] for r in kept})
     notes: list[str] = []
     kw = dict(n_resamples=n_resamples, seed=seed, accuracy_margin=accuracy_margin, logprob_margin=logprob_margin)
 
@@ -405,15 +398,15 @@ def summarize(records: list[dict], *, n_resamples: int = 2000, seed: int = 0, ac
         for r in recs:
             if r.get("category"):
                 cats[r["category"]].append(r)
-        entry["by_category"] = {c: _acceptance(v, int(info[arm]["num_speculative_tokens"]), n_resamples, seed,
-                                               False) for c, v in sorted(cats.items())}
+        entry["by_category"] = {c: acceptance(v, int(info[arm]["num_speculative_tokens"]), n_resamples, seed,
+                                              False) for c, v in sorted(cats.items())}
         per_arm[arm] = entry
         notes.extend(_arm_notes(arm, entry["overall"]))
 
     return to_jsonable({
-        "arms": arms, "n_samples": len({r["sample_id"] for r in latest.values()}), "datasets": datasets,
-        "temperatures": sorted({float(r["temperature"]) for r in latest.values()}),
-        "n_records": len(latest), "conventions": conventions(n_resamples, seed, accuracy_margin, logprob_margin),
+        "arms": arms, "n_samples": len({r["sample_id"] for r in kept}), "datasets": datasets,
+        "temperatures": sorted({float(r["temperature"]) for r in kept}),
+        "n_records": len(kept), "conventions": conventions(n_resamples, seed, accuracy_margin, logprob_margin),
         "settings": {"n_resamples": n_resamples, "seed": seed, "accuracy_margin": accuracy_margin,
                      "logprob_margin": logprob_margin},  # what re-summarizing the records needs
         "per_arm": per_arm, "vs_n": _vs_n(arms, per_arm), "notes": notes,

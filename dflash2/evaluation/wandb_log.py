@@ -27,6 +27,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from dflash2.engine.stats import tau_pooled
+from dflash2.evaluation.records import FIELDS, validate
 from dflash2.runconfig import LoggerSpec
 
 MODES = ("disabled", "offline", "online")
@@ -35,9 +37,11 @@ OVERALL_KEYS = ("tau_pooled", "tau_per_request", "speedup", "accuracy", "tokens_
                 "steps_total", "tokens_total", "wall_s_total", "n")
 CI_KEYS = ("tau_pooled_ci", "tau_per_request_ci", "speedup_ci", "accuracy_ci")
 DATASET_KEYS = ("tau_pooled", "tau_per_request", "speedup", "accuracy", "identical_fraction")
-RECORD_COLUMNS = ["arm", "arm_kind", "num_speculative_tokens", "temperature", "dataset", "sample_id", "category",
-                  "prompt_tokens", "new_tokens", "wall_s", "steps", "tau", "finish_reason", "correct",
-                  "identical_to_ar", "logprob_mean", "text"]
+# The `records` table: every scalar field of `records.Record` (its sequences and the departure dict
+# are summarized by `new_tokens` and `tau`), then those two derived columns.
+RECORD_FIELD_COLUMNS = [f for f in FIELDS if f not in ("tokens", "accepted", "departure")]
+RECORD_COLUMNS = RECORD_FIELD_COLUMNS + ["new_tokens", "tau"]
+TEXT_CHARS = 2000  # of each record's text in the table
 
 
 def flat_metrics(summary: dict) -> dict[str, Any]:
@@ -62,14 +66,13 @@ def flat_metrics(summary: dict) -> dict[str, Any]:
 
 
 def _record_rows(records: list[dict]) -> list[list[Any]]:
+    """One row per record, in `RECORD_COLUMNS` order (tau: None for a record without steps)."""
     rows = []
-    for r in records:
-        acc = r.get("accepted") or []
-        tau = (sum(acc) + len(acc)) / len(acc) if acc else None
-        rows.append([r["arm"], r["arm_kind"], r["num_speculative_tokens"], r["temperature"], r["dataset"],
-                     r["sample_id"], r.get("category"), r.get("prompt_tokens"), len(r.get("tokens") or []),
-                     r["wall_s"], r["steps"], tau, r["finish_reason"], r.get("correct"), r.get("identical_to_ar"),
-                     r.get("logprob_mean"), (r.get("text") or "")[:2000]])
+    for r in validate(records):
+        tau = tau_pooled([r["accepted"]]) if r["accepted"] else None
+        row = [r[f] for f in RECORD_FIELD_COLUMNS]
+        row[RECORD_FIELD_COLUMNS.index("text")] = (r["text"] or "")[:TEXT_CHARS]
+        rows.append(row + [len(r["tokens"]), tau])
     return rows
 
 

@@ -18,7 +18,6 @@ spans (content plus the end-of-turn token), found through the tokenizer's charac
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -29,6 +28,7 @@ from typing import Any
 
 import torch
 
+from dflash2.jsonl import read_jsonl
 from dflash2.runconfig import PromptFormat, encode_chat, prompt_format, stop_token_ids
 from dflash2.training.contamination import check_dataset_name, check_prompts
 
@@ -79,23 +79,6 @@ def data_format(tokenizer, spec: DataSpec) -> PromptFormat:
 # ------------------------------------------------------------------------------ prompt sources
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file; a malformed line raises with the file and line number."""
-    rows = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); fix or delete that line") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
-            rows.append(row)
-    return rows
-
-
 def _load_json(path: Path):
     """`datasets` JSON loader with errors that name the file and line."""
     import datasets
@@ -105,7 +88,7 @@ def _load_json(path: Path):
     try:
         return datasets.load_dataset("json", data_files=str(path), split="train")
     except Exception as e:  # the JSON builder's errors do not say which line is broken
-        read_jsonl(path)  # raises with file:line when a line is malformed
+        read_jsonl(path)  # raises JsonlError with file:line when a line before the last is malformed
         raise ValueError(f"{path}: datasets could not load it as JSONL ({type(e).__name__}: {e})") from e
 
 

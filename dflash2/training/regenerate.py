@@ -19,7 +19,6 @@ at most one batch and `resume` skips the ids already written:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from dflash2.jsonl import append_jsonl, read_jsonl, repair_jsonl
 from dflash2.runconfig import HardwareSpec, PromptFormat, TargetSpec, encode_chat, stop_token_ids
 from dflash2.training.data import DataSpec, data_format, load_conversations
 
@@ -55,27 +55,11 @@ def _segments(messages: list[dict[str, str]]) -> list[list[dict[str, str]]]:
 def _existing(out: Path, fmt: PromptFormat, target_name: str) -> set[str]:
     """Ids already in `out`, after checking that they were made the same way.
 
-    A torn last line (a crash mid-write) is cut off so the run can append cleanly.
+    A torn last line (a crash mid-write) is dropped with a warning and the file rewritten
+    (`dflash2.jsonl.repair_jsonl`) so the run can append cleanly.
     """
-    if not out.is_file():
-        return set()
-    with open(out, "rb") as f:
-        data = f.read()
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        log.warning("%s: dropping a torn last line (%d bytes) left by an interrupted run", out, len(data) - cut)
-        with open(out, "r+b") as f:
-            f.truncate(cut)
-        data = data[:cut]
     done = set()
-    for lineno, line in enumerate(data.decode().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            msg = f"{out}:{lineno}: not valid JSON ({e.msg}); fix or delete that line, then resume"
-            raise ValueError(msg) from None
+    for lineno, row in enumerate(repair_jsonl(out), 1):
         if row.get("format_hash") != fmt.hash:
             raise ValueError(
                 f"{out}:{lineno}: written with prompt format {row.get('format')} but this run uses {fmt.to_dict()}; "
@@ -158,14 +142,12 @@ def regenerate(target, tokenizer, spec: DataSpec, out_path: str | os.PathLike, *
     if done:
         log.info("%s: resuming, %d of %d conversations already regenerated", out, len(convs) - len(pending), len(convs))
     bs = spec.regen_batch_size
-    with open(out, "a") as f, tqdm(total=len(convs), initial=len(convs) - len(pending), disable=not progress,
-                                   desc=f"regenerate {spec.name}", unit="conv") as bar:
+    with tqdm(total=len(convs), initial=len(convs) - len(pending), disable=not progress,
+              desc=f"regenerate {spec.name}", unit="conv") as bar:
         for start in range(0, len(pending), bs):
             batch = pending[start:start + bs]
-            for row in _regenerate_batch(target, tokenizer, batch, spec, fmt, stops):
-                f.write(json.dumps({**row, **meta}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())  # a crash loses at most the batch in flight
+            rows = _regenerate_batch(target, tokenizer, batch, spec, fmt, stops)
+            append_jsonl(out, [{**row, **meta} for row in rows])  # fsynced: a crash loses at most this batch
             bar.update(len(batch))
     from dflash2.engine.state import release_decode_state
 
@@ -219,12 +201,10 @@ def run_regenerate(cfg) -> Path:
     target, tokenizer = load_target(cfg.target, device)
     path = regenerate(target, tokenizer, cfg.data, out / "regenerated.jsonl", target_name=cfg.target.name)
     n = stopped = tokens = 0
-    with open(path) as f:
-        for line in f:
-            row = json.loads(line)
-            n += 1
-            stopped += row["finish_reason"] == "stop"
-            tokens += len(row["response_ids"])
+    for row in read_jsonl(path):
+        n += 1
+        stopped += row["finish_reason"] == "stop"
+        tokens += len(row["response_ids"])
     log.info("%s: %d conversations, %d response tokens (last turns), %d ended with a stop token, %d hit "
              "max_new_tokens=%d", path, n, tokens, stopped, n - stopped, cfg.data.max_new_tokens)
     print(f"regenerated {n} conversations -> {path} ({stopped} stopped, {n - stopped} at max_new_tokens)")

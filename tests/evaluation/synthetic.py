@@ -72,3 +72,12 @@ def synthetic_records(n_per_dataset: int = 12, ns=(3, 7), alpha: float = 0.7, te
                 "departure": ({"position": 3, "margin": 0.01, "top1": 1, "top2": 2} if flipped else None),
             })
     return recs
+
+
+def record(arm: str, sample_id: str, **fields) -> dict:
+    """A minimal valid record (`dflash2.evaluation.records.Record`) of an AR-like generation:
+    kind "ar", N = 0, T = 0, two tokens in one step; `fields` override or add any field."""
+    base = {"arm": arm, "arm_kind": "ar", "num_speculative_tokens": 0, "temperature": 0.0, "dataset": "gsm8k",
+            "sample_id": sample_id, "tokens": [1, 2], "steps": 1, "accepted": [0], "finish_reason": "length",
+            "wall_s": 0.01}
+    return {**base, **fields}

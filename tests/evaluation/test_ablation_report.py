@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dflash2.engine.cost import add_to_summary
+from dflash2.evaluation.cost import add_to_summary
 from dflash2.evaluation.stats import summarize
 from tests.evaluation.synthetic import synthetic_records
 

@@ -18,8 +18,11 @@ from dflash2.engine import speculative_generate
 from dflash2.evaluation.arms import SelectorOffProposer, build_arms
 from dflash2.evaluation.config import ArmsSpec
 from dflash2.evaluation.oracle import OracleProposer
-from dflash2.evaluation.runner import read_records, sample_seed
+from dflash2.evaluation.records import read_records
+from dflash2.evaluation.runner import sample_seed
+from dflash2.jsonl import TornLineWarning
 from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
+from tests.evaluation.synthetic import record
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [[5, 17, 42, 8], [100, 3, 250, 7, 9, 11]]
@@ -96,8 +99,9 @@ def test_arms_and_seeds():
 
 def test_torn_last_record_is_dropped(tmp_path):
     p = tmp_path / "records.jsonl"
-    p.write_text(json.dumps({"arm": "ar", "sample_id": "a"}) + "\n" + '{"arm": "ar", "samp')
-    assert read_records(p) == [{"arm": "ar", "sample_id": "a"}]
+    p.write_text(json.dumps(record("ar", "a")) + "\n" + '{"arm": "ar", "samp')
+    with pytest.warns(TornLineWarning):
+        assert [r["sample_id"] for r in read_records(p, repair=True)] == ["a"]
     assert p.read_text().endswith("}\n")  # appending continues on a clean line
 
 
@@ -160,7 +164,8 @@ def test_tiny_cpu_end_to_end_killed_and_resumed(tmp_path):
     proc.wait()
     with open(rec, "a") as f:
         f.write('{"arm": "dflash2@N=3", "sample_id": "gsm8k/00')  # the torn write of a killed process
-    before = read_records(rec)
+    with pytest.warns(TornLineWarning):
+        before = read_records(rec)  # read only: the torn line is skipped, the file left for the resume
 
     from dflash2.runconfig import prepare_output_dir
 

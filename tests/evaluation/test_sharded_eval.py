@@ -13,9 +13,13 @@ from pathlib import Path
 import pytest
 
 from dflash2.engine import speculative_generate
-from dflash2.evaluation.runner import RECORDS, EvalRunner
+from dflash2.evaluation.records import RECORDS
+from dflash2.evaluation.run import run_eval
+from dflash2.evaluation.runner import EvalRunner
 from dflash2.evaluation.sharding import (Shard, compare_runs, existing_records, merge_records, merge_run_dir,
-                                         run_eval, shard_file, shard_of)
+                                         shard_file, shard_of)
+from dflash2.jsonl import TornLineWarning
+from tests.evaluation.synthetic import record
 from tests.evaluation.test_eval_configs import _compose
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +29,8 @@ BASE = ["experiment=tiny_cpu", "data.limit=1", "max_new_tokens=8", "stats.n_resa
 HAS_EXACT = "exact" in inspect.signature(speculative_generate).parameters
 
 
-def _rec(arm, sid, **kw):
-    return {"arm": arm, "sample_id": sid, **kw}
+def _rec(arm, sid, v=None):
+    return record(arm, sid, run_id=v)
 
 
 def test_items_go_to_rank_i_mod_world_and_mt_bench_turns_stay_together():
@@ -59,19 +63,21 @@ def test_merge_dedups_orders_canonically_and_drops_torn_shard_lines(tmp_path):
     order, arms = ["g/0", "g/1", "m/81/turn1", "m/81/turn2"], ["ar", "spec@3"]
     old = [_rec("ar", "g/0", v="old"), _rec("spec@3", "g/0", v="old")]  # a resumed run's merged file
     (tmp_path / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in old))
-    r0 = [_rec("spec@3", "m/81/turn2", v=0), _rec("ar", "m/81/turn1", v=0), _rec("ar", "g/0", v="dup")]
-    r1 = [_rec("spec@3", "g/1", v=1), _rec("ar", "g/1", v=1)]
+    r0 = [_rec("spec@3", "m/81/turn2", v="0"), _rec("ar", "m/81/turn1", v="0"), _rec("ar", "g/0", v="dup")]
+    r1 = [_rec("spec@3", "g/1", v="1"), _rec("ar", "g/1", v="1")]
     shard_file(tmp_path, 0).parent.mkdir()
     shard_file(tmp_path, 0).write_text("".join(json.dumps(r) + "\n" for r in r0))
     shard_file(tmp_path, 1).write_text("".join(json.dumps(r) + "\n" for r in r1) + '{"arm": "ar", "sample_')
     (tmp_path / "shards" / "records.rankX.jsonl").write_text("not a shard file\n")
-    assert len(existing_records(tmp_path, repair=False)) == 7  # torn line ignored, file untouched
+    with pytest.warns(TornLineWarning):
+        assert len(existing_records(tmp_path, repair=False)) == 7  # torn line ignored, file untouched
     assert shard_file(tmp_path, 1).read_text().endswith("sample_")
-    merged = merge_run_dir(tmp_path, order, arms)
+    with pytest.warns(TornLineWarning):
+        merged = merge_run_dir(tmp_path, order, arms)
     keys = [(r["arm"], r["sample_id"]) for r in merged]
     assert keys == [("ar", "g/0"), ("spec@3", "g/0"), ("ar", "g/1"), ("spec@3", "g/1"), ("ar", "m/81/turn1"),
                     ("spec@3", "m/81/turn2")]
-    assert merged[0]["v"] == "old"  # the first source wins a duplicate
+    assert merged[0]["run_id"] == "dup"  # the last written wins a duplicate (records.dedupe)
     assert shard_file(tmp_path, 1).read_text().endswith("}\n")  # the torn line was cut
     on_disk = [json.loads(line) for line in (tmp_path / RECORDS).read_text().splitlines()]
     assert on_disk == merged and not (tmp_path / (RECORDS + ".tmp")).exists()

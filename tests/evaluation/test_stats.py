@@ -288,3 +288,7 @@ def test_summary_rejects_bad_records():
         summarize([{k: v for k, v in rec.items() if k != "wall_s"}])
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         summarize([dict(rec, accepted=[5])])
+    with pytest.raises(ValueError, match=r"1 accepted counts for \d+ steps"):
+        summarize([dict(rec, accepted=[1])])
+    with pytest.raises(ValueError, match=r"unknown fields \['tau'\]"):
+        summarize([dict(rec, tau=2.0)])

@@ -21,7 +21,8 @@ Two measured ingredients, combined by one formula:
 2. **Acceptance profile** `a_i = P(slot i accepted | slots 1..i-1 accepted)` (conditional).
    `dflash2.engine.stats.per_position_acceptance` and the eval summaries report the
    *unconditional* `u_i = P(at least i drafts accepted)`; the two are related by
-   `u_i = a_1 * ... * a_i`, i.e. `a_i = u_i / u_{i-1}` (`u_0 = 1`). Then
+   `u_i = a_1 * ... * a_i`, i.e. `a_i = u_i / u_{i-1}` (`u_0 = 1`,
+   `dflash2.engine.stats.conditional_acceptance`). Then
 
        E[tokens/step](N) = 1 + sum_{k=1..N} prod_{i<=k} a_i  = 1 + sum_{k=1..N} u_k
 
@@ -45,6 +46,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
+from dflash2.engine.stats import conditional_acceptance, per_position_acceptance, tau_pooled
+from dflash2.evaluation.records import dedupe
+from dflash2.jsonl import to_jsonable
 
 TERMS = ("overhead", "draft", "per_token", "kv", "attention")
 FORMULA = "c = c0 + d*[N>0] + c1*(N+1) + c2*ctx + c3*ctx*(N+1)"
@@ -246,24 +251,19 @@ class AcceptanceProfile:
     @classmethod
     def from_unconditional(cls, unconditional: Sequence[float], source: str = "") -> "AcceptanceProfile":
         """From `u_i = P(>= i accepted)` (what `stats.per_position_acceptance` reports):
-        `a_i = u_i / u_{i-1}`; after a position with `u = 0` every `a` is 0."""
-        cond, prev = [], 1.0
-        for u in unconditional:
-            if u is None or not 0.0 <= float(u) <= 1.0:
-                raise ValueError(f"unconditional acceptance {u} is not in [0, 1]")
-            if float(u) > prev + 1e-12:
-                raise ValueError(f"unconditional acceptance must not increase with position: {list(unconditional)}")
-            cond.append(float(u) / prev if prev > 0 else 0.0)
-            prev = float(u)
-        return cls(tuple(min(a, 1.0) for a in cond), source)
+        `a_i = u_i / u_{i-1}` (`engine.stats.conditional_acceptance`); after a position with
+        `u = 0` every `a` is 0. Raises ValueError for a missing `u` or one outside [0, 1]."""
+        if any(u is None for u in unconditional):
+            raise ValueError(f"unconditional acceptance {list(unconditional)} has unmeasured (None) positions")
+        return cls(tuple(conditional_acceptance(unconditional)), source)
 
     @classmethod
     def from_accepted(cls, accepted: Iterable[Iterable[int]], n: int, source: str = "") -> "AcceptanceProfile":
         """Pooled over all steps of per-row accepted counts (each in 0..n)."""
-        steps = np.array([a for row in accepted for a in row], dtype=np.int64)
-        if steps.size == 0:
+        accepted = [list(row) for row in accepted]
+        if not any(accepted):
             raise ValueError(f"no decoding steps to estimate an acceptance profile from ({source or 'records'})")
-        return cls.from_unconditional([float((steps >= i).mean()) for i in range(1, n + 1)], source)
+        return cls.from_unconditional(per_position_acceptance(accepted, n), source)
 
     @classmethod
     def pooled(cls, accepted_by_n: dict[int, Iterable[Iterable[int]]], source: str = "") -> "AcceptanceProfile":
@@ -435,8 +435,9 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
     the highest predicted end-to-end speedup over the AR arm's generations (`N_end_to_end`).
 
     Args:
-        records: the records contract (`records.md`); `batch_size` and `prompt_tokens` are used
-            when present.
+        records: evaluation records (`dflash2.evaluation.records.Record` dicts; one per
+            (arm, T, sample) is kept by `records.dedupe`); `batch_size` and `prompt_tokens` are
+            used when present.
         calibrate_arms: arm labels to calibrate on (default: all). Must include the AR arm.
         predict_arms: arm labels to predict (default: every arm of a kind with a profile).
         min_ctx_spread: see `StepCostModel.fit`.
@@ -449,10 +450,7 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
     """
     if not records:
         raise ValueError("from_records: no records")
-    latest: dict[tuple, dict] = {}
-    for r in records:  # a later record for the same (arm, T, sample) replaces an earlier one
-        latest[(r["arm"], float(r["temperature"]), r["sample_id"])] = r
-    kept = [r for r in records if latest[(r["arm"], float(r["temperature"]), r["sample_id"])] is r]
+    kept = dedupe(records)
     temps = sorted({float(r["temperature"]) for r in kept})
     cal = set(calibrate_arms) if calibrate_arms is not None else None
     pred = set(predict_arms) if predict_arms is not None else None
@@ -548,14 +546,14 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
             e2e = ar_wall / wall(p.step_s, e_rows(n))
             pairs = [(ar_by_sample[r["sample_id"]], r) for r in by_arm[arm] if r["sample_id"] in ar_by_sample]
             w_ar, w_x = sum(float(a["wall_s"]) for a, _ in pairs), sum(float(x["wall_s"]) for _, x in pairs)
-            acc = [a for r in by_arm[arm] for a in r["accepted"]]
+            accepted = [r["accepted"] for r in by_arm[arm]]
             toks = sum(len(r["tokens"] or []) for r in by_arm[arm])
             w_arm = sum(float(r["wall_s"]) for r in by_arm[arm])
             k = key(arm)
             out["arms"][k] = {
                 "arm_kind": info[arm][0], "N": n, "model": fam, "batch": batch, "ctx": c_ctx,
                 "in_sample": arm in step_c, "predicted_step_s": p.step_s, "measured_step_s": step_c.get(arm),
-                "predicted_tau": e, "measured_tau": (sum(acc) + len(acc)) / len(acc) if acc else None,
+                "predicted_tau": e, "measured_tau": tau_pooled(accepted),
                 "predicted_decode_tokens_per_s": p.tokens_per_s, "predicted_decode_speedup": p.speedup,
                 "predicted_speedup": e2e, "measured_speedup": w_ar / w_x if w_x > 0 else None,
                 "measured_tokens_per_s": toks / w_arm if w_arm > 0 else None, "warnings": list(p.warnings)}
@@ -603,17 +601,6 @@ def for_report(records: list[dict]) -> tuple[dict, dict[str, float] | None]:
     return res, res["predictions"] or None
 
 
-def _jsonable(obj):
-    """nan/inf -> None, tuples -> lists (summary.json is strict JSON)."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
 def add_to_summary(summary: dict, records: list[dict]) -> dict[str, float] | None:
     """`summary["cost_model"] = for_report(records)[0]` (JSON-safe) and its one-line verdict
     appended to `summary["notes"]` (shown in the report).
@@ -622,7 +609,7 @@ def add_to_summary(summary: dict, records: list[dict]) -> dict[str, float] | Non
         arm -> predicted speedup for `report.write_report(..., predictions=)`, or None.
     """
     info, predictions = for_report(records)
-    summary["cost_model"] = _jsonable(info)
+    summary["cost_model"] = to_jsonable(info)
     if "note" in info:
         summary.setdefault("notes", []).append(info["note"])
     elif "error" in info:

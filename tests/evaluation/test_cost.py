@@ -1,4 +1,4 @@
-"""Cost model (`dflash2.engine.cost`): exact fits, acceptance algebra against Monte Carlo,
+"""Cost model (`dflash2.evaluation.cost`): exact fits, acceptance algebra against Monte Carlo,
 calibration from evaluation records (in- and out-of-sample), best-N choice, bad inputs."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from dflash2.engine import cost
-from dflash2.engine.cost import AcceptanceProfile, StepCost, StepCostModel
+from dflash2.evaluation import cost
+from dflash2.evaluation.cost import AcceptanceProfile, StepCost, StepCostModel
 from dflash2.engine.stats import per_position_acceptance
 from tests.evaluation.synthetic import synthetic_records
 

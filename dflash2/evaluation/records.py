@@ -1,0 +1,189 @@
+"""The evaluation record: one per (arm, sample), the unit every statistic, report and plot of
+an evaluation is computed from (log-first evaluation: the records alone rebuild everything).
+
+`Record` below is the one list of a record's fields, with their types and meaning. On disk a run
+directory holds `records.jsonl` (one `Record.to_json()` per line, written through
+`dflash2.jsonl`: fsynced, NaN as null) and, for a sharded run, `shards/records.rank<r>.jsonl`.
+In memory records travel as those JSON dicts (what `stats`, `cost`, `report` and `wandb_log`
+index by field name); `Record.from_json` is the gate every dict passes on its way in or out:
+unknown fields and missing required ones are refused with one clear error.
+
+Rules:
+- **Torn lines** (`dflash2.jsonl`): reading only (`read_records(path)`), a torn last line is
+  skipped with a warning; before appending on resume (`read_records(path, repair=True)`), it is
+  dropped and the file rewritten atomically.
+- **One record per (arm, temperature, sample_id)** (`record_key`, `dedupe`): the *last written
+  wins*, kept at the position of the first occurrence. The runner never writes a finished pair
+  twice, so within one run a duplicate is a copy (a merged `records.jsonl` repeating its shard
+  files); across files concatenated by hand, the later line is the newer measurement, which is
+  the one a resumed or repeated run means to keep.
+
+Public: `Record`, `FIELDS`, `REQUIRED`, `ARM_KINDS`, `RECORDS`, `record_key`, `dedupe`,
+`validate`, `append_records`, `read_records`, `read_run_records`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash2.jsonl import append_jsonl, read_jsonl, repair_jsonl
+
+RECORDS = "records.jsonl"
+ARM_KINDS = ("ar", "spec", "selector_off", "oracle")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One (arm, sample) generation of an evaluation run.
+
+    Identity:
+        arm: the arm's unique label, e.g. "ar", "dflash2@N=7", "selector_off@N=7", "oracle@N=3".
+        arm_kind: one of `ARM_KINDS` ("spec" is the DFlash2 drafter with its selector).
+        num_speculative_tokens: N, draft slots per step (0 for the AR arm).
+        temperature: sampling temperature of the run (0 = greedy).
+        dataset: "gsm8k" | "humaneval" | "mt_bench" (or a test's name).
+        sample_id: unique within the dataset, e.g. "gsm8k/0007", "mt_bench/81/turn2".
+    Generation:
+        tokens: the generated token ids (prompt excluded), length G.
+        steps: decoding steps (the token sampled right after prefill is not a step).
+        accepted: `[steps]`, accepted draft tokens per step, each in 0..N (tau counts a + 1).
+        finish_reason: the engine's reason ("stop", "length", ...).
+        wall_s: wall seconds of the generation call divided by its batch's rows (rows of one
+            batch share one timing; see `batch`).
+    Optional (None when not measured):
+        run_id: the run identity hash (`run.json`); category: MT-Bench category; seed: the
+        sample's seed (a hash of (seed, sample_id)); prompt_hash, prompt_tokens: the prompt's
+        sha256 prefix and length; text: the decoded output; batch_size: rows of its batch;
+        batch: "<phase>/<chunk>", the same for every arm of one chunk (the unit a speedup CI
+        resamples); correct: scorer verdict (GSM8K, HumanEval); exec_result, sandbox: the
+        HumanEval sandbox's result and isolation; judge_score: MT-Bench judge score;
+        logprob_mean: the target's mean per-token log-probability of `tokens` at the run's
+        temperature; identical_to_ar: tokens equal the AR arm's (None for the AR arm);
+        departure: {"position", "margin", "top1", "top2"} at the first token that differs from
+        the AR arm's (the target's top-1/top-2 logit gap there); target, draft_path,
+        num_draft_layers: what generated it; rank, world_size: the process of a sharded run.
+    """
+
+    arm: str
+    arm_kind: str
+    num_speculative_tokens: int
+    temperature: float
+    dataset: str
+    sample_id: str
+    tokens: list[int]
+    steps: int
+    accepted: list[int]
+    finish_reason: str
+    wall_s: float
+    run_id: str | None = None
+    category: str | None = None
+    seed: int | None = None
+    prompt_hash: str | None = None
+    prompt_tokens: int | None = None
+    text: str | None = None
+    batch_size: int | None = None
+    batch: str | None = None
+    correct: bool | None = None
+    exec_result: str | None = None
+    sandbox: str | None = None
+    judge_score: float | None = None
+    logprob_mean: float | None = None
+    identical_to_ar: bool | None = None
+    departure: dict | None = None
+    target: str | None = None
+    draft_path: str | None = None
+    num_draft_layers: int | None = None
+    rank: int | None = None
+    world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        where = f"record (arm={self.arm!r}, sample_id={self.sample_id!r})"
+        if not isinstance(self.tokens, (list, tuple)) or not isinstance(self.accepted, (list, tuple)):
+            raise ValueError(f"{where}: tokens and accepted must be lists, got {type(self.tokens).__name__} "
+                             f"and {type(self.accepted).__name__}")
+        if self.arm_kind not in ARM_KINDS:
+            raise ValueError(f"{where}: arm_kind {self.arm_kind!r} is not one of {ARM_KINDS}")
+        n = int(self.num_speculative_tokens)
+        bad = [a for a in self.accepted if not 0 <= int(a) <= n]
+        if bad:
+            raise ValueError(f"{where}: accepted counts {bad[:5]} outside 0..num_speculative_tokens={n}")
+        if len(self.accepted) != int(self.steps):
+            raise ValueError(f"{where}: {len(self.accepted)} accepted counts for {self.steps} steps")
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> "Record":
+        """The record of a JSON dict. Raises ValueError naming the record when `row` has a field
+        `Record` does not define or lacks a required one (see `REQUIRED`)."""
+        where = f"record (arm={row.get('arm')!r}, sample_id={row.get('sample_id')!r})"
+        unknown = sorted(set(row) - set(FIELDS))
+        if unknown:
+            raise ValueError(f"{where} has unknown fields {unknown}; the record's fields are defined by "
+                             "dflash2.evaluation.records.Record")
+        missing = [k for k in REQUIRED if k not in row]
+        if missing:
+            raise ValueError(f"{where} lacks the required fields {missing} (dflash2.evaluation.records.Record)")
+        return cls(**row)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field as plain JSON types (lists for the token and acceptance sequences)."""
+        out = {f: getattr(self, f) for f in FIELDS}
+        out["tokens"], out["accepted"] = list(self.tokens), list(self.accepted)
+        return out
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Record))
+REQUIRED = tuple(f.name for f in dataclasses.fields(Record) if f.default is dataclasses.MISSING)
+
+
+def validate(rows: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """`rows` checked and completed through `Record` (every field present, None when unset)."""
+    return [Record.from_json(r).to_json() for r in rows]
+
+
+def record_key(rec: Mapping[str, Any]) -> tuple[str, float, str]:
+    """(arm, temperature, sample_id): what identifies one record of a run (or a T grid)."""
+    return rec["arm"], float(rec["temperature"]), rec["sample_id"]
+
+
+def dedupe(records: Iterable[dict]) -> list[dict]:
+    """One record per `record_key`: the last written wins, at its key's first position."""
+    latest: dict[tuple, dict] = {}
+    for r in records:
+        latest[record_key(r)] = r
+    return list(latest.values())
+
+
+def append_records(path: str | Path, records: Iterable[Record | Mapping[str, Any]]) -> None:
+    """Append records to `path` (validated, fsynced, NaN as null)."""
+    append_jsonl(path, [(r if isinstance(r, Record) else Record.from_json(r)).to_json() for r in records])
+
+
+def read_records(path: str | Path, *, repair: bool = False) -> list[dict]:
+    """Validated records of one JSONL file, in file order (duplicates kept; see `dedupe`).
+
+    Args:
+        path: a records file.
+        repair: True before appending to it on resume (a torn last line is dropped and the file
+            rewritten atomically; a missing file gives []). False to only read (a torn last line
+            is skipped with a warning; a missing file raises FileNotFoundError).
+    """
+    path = Path(path)
+    if repair:
+        return validate(repair_jsonl(path))
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; pass a run directory that eval/run.py wrote")
+    return validate(read_jsonl(path))
+
+
+def read_run_records(run_dir: str | Path) -> list[dict]:
+    """The records of a finished (or killed) run directory, read only, one per `record_key`.
+    Raises FileNotFoundError without `records.jsonl`, ValueError when it holds no records."""
+    path = Path(run_dir) / RECORDS
+    records = dedupe(read_records(path))
+    if not records:
+        raise ValueError(f"{path} holds no records")
+    return records
