@@ -9,6 +9,10 @@
   the W&B logger: tau vs N, speedup vs N (95% CIs as error bars), per-position acceptance,
   accepted-length histogram, tau per dataset, and predicted vs measured speedup when a cost
   model's `predictions` (arm -> predicted speedup) are given.
+- `arm_colours(arms)`: the one colour of each arm in every figure (a hue per arm family, a
+  shade per N within it); every series is labelled with the arms' own names from the records
+  (`stats.arm_family` for the series over N). Integer axes (N, draft position, accepted
+  length) get integer ticks.
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never a GUI backend (headless servers, tests)
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from dflash2.evaluation.stats import arm_family  # noqa: E402
 
 # scripts/ablation_report.py reads its runs' JSONL through this name; the one rule is dflash2.jsonl's.
 from dflash2.jsonl import read_jsonl  # noqa: E402,F401
@@ -126,6 +134,35 @@ def print_summary(summary: dict, file: TextIO | None = None) -> None:
 # ------------------------------------------------------------------------------ figures
 
 
+AR_COLOUR = (0.45, 0.45, 0.45)
+# tab10 without its grey (the AR arm's): one hue per arm family, in order of first appearance.
+FAMILY_HUES = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7]
+
+
+def arm_colours(arms: list[str]) -> dict[str, tuple[float, float, float]]:
+    """The colour of every arm and every arm family (`stats.arm_family`) in every figure.
+
+    Each family gets one hue (families in order of first appearance in `arms`; the AR arm grey);
+    its arms get shades of it, lighter for arms listed earlier (smaller N), the last one the
+    full hue, which is also the family's own colour (its line in the plots over N).
+
+    Returns:
+        {arm or family name: RGB}, covering every entry of `arms` and of their families.
+    """
+    fams: dict[str, list[str]] = {}
+    for arm in arms:
+        fams.setdefault(arm_family(arm), []).append(arm)
+    out: dict[str, tuple[float, float, float]] = {}
+    hues = iter(FAMILY_HUES * (len(fams) // len(FAMILY_HUES) + 1))
+    for fam, members in fams.items():
+        base = AR_COLOUR if all(a == "ar" or a.startswith("ar|") for a in members) else to_rgb(next(hues))
+        out[fam] = base
+        for j, arm in enumerate(members):
+            light = 0.55 * (len(members) - 1 - j) / max(len(members) - 1, 1)  # 0 for the last member
+            out[arm] = tuple(c + (1.0 - c) * light for c in base)
+    return out
+
+
 def _err(values: list, cis: list) -> tuple[list, list] | None:
     """Asymmetric error bars from CIs (None where a CI is missing)."""
     if not cis or any(c is None or c[0] is None for c in cis):
@@ -133,34 +170,55 @@ def _err(values: list, cis: list) -> tuple[list, list] | None:
     return [v - c[0] for v, c in zip(values, cis)], [c[1] - v for v, c in zip(values, cis)]
 
 
+def _axes(title: str, xlabel: str, ylabel: str, integer_x: bool, size=(6.4, 4.2)):
+    """A new figure and its axes, titled and labelled; `integer_x`: ticks only at integers."""
+    fig, ax = plt.subplots(figsize=size, dpi=100)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig, ax
+
+
+def _finish(fig: Figure, ax, grid_axis: str = "both") -> Figure:
+    ax.grid(alpha=0.3, axis=grid_axis)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def _vs_n_figure(summary: dict, key: str, ylabel: str, title: str, baseline: float) -> Figure:
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    """One series per arm family over N: a line in the family's colour through points (with
+    CIs) in each arm's colour; tau also as per-request (dashed, squares)."""
+    colours = arm_colours(summary["arms"])
+    fig, ax = _axes(title, "num_speculative_tokens N", ylabel, integer_x=True)
     keys = [key, "tau_per_request"] if key == "tau_pooled" else [key]
-    series = [(kind, k) for kind in summary["vs_n"] for k in keys]
+    series = [(fam, k) for fam in summary["vs_n"] for k in keys]
     all_n: set[int] = set()
-    for j, (kind, k) in enumerate(series):
-        s = summary["vs_n"][kind]
-        pts = [(n, v, c) for n, v, c in zip(s["N"], s[k], s[f"{k}_ci"]) if v is not None]
+    for j, (fam, k) in enumerate(series):
+        s = summary["vs_n"][fam]
+        pts = [(a, n, v, c) for a, n, v, c in zip(s["arms"], s["N"], s[k], s[f"{k}_ci"]) if v is not None]
         if not pts:
             continue
-        ns, vs, cs = zip(*pts)
+        arms, ns, vs, cs = zip(*pts)
         all_n.update(ns)
         dodge = (j - (len(series) - 1) / 2) * 0.06  # series sharing an N stay visible side by side
         per_request = k == "tau_per_request"
-        ax.errorbar([n + dodge for n in ns], vs, yerr=_err(list(vs), list(cs)), marker="s" if per_request else "o",
-                    linestyle="--" if per_request else "-", capsize=4, alpha=0.75 if per_request else 1.0,
-                    label=f"{kind} ({k.replace('_', ' ')})")
+        xs = [n + dodge for n in ns]
+        ax.plot(xs, vs, linestyle="--" if per_request else "-", color=colours.get(fam, AR_COLOUR),
+                alpha=0.75 if per_request else 1.0, label=f"{fam} ({k.replace('_', ' ')})")
+        err = _err(list(vs), list(cs))
+        for i, arm in enumerate(arms):
+            ax.errorbar([xs[i]], [vs[i]], yerr=None if err is None else ([err[0][i]], [err[1][i]]),
+                        marker="s" if per_request else "o", linestyle="none", capsize=4,
+                        color=colours.get(arm, AR_COLOUR))
     if all_n:
         ax.set_xticks(sorted(all_n))
         ax.set_xlim(min(all_n) - 0.6, max(all_n) + 0.6)
-    ax.axhline(baseline, color="grey", linewidth=1, linestyle=":", label="AR")
-    ax.set_xlabel("num_speculative_tokens N")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    ax.axhline(baseline, color=AR_COLOUR, linewidth=1, linestyle=":", label="ar")
+    return _finish(fig, ax)
 
 
 def _spec_arms(summary: dict) -> list[str]:
@@ -168,7 +226,9 @@ def _spec_arms(summary: dict) -> list[str]:
 
 
 def _position_figure(summary: dict) -> Figure:
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    colours = arm_colours(summary["arms"])
+    fig, ax = _axes("Per-position acceptance (pooled over steps, 95% CI)", "draft position i",
+                    "fraction of steps accepting >= i drafts", integer_x=True)
     for arm in _spec_arms(summary):
         o = summary["per_arm"][arm]["overall"]
         vals = o["per_position_acceptance"]
@@ -176,76 +236,69 @@ def _position_figure(summary: dict) -> Figure:
             continue
         pos = list(range(1, len(vals) + 1))
         ax.errorbar(pos, vals, yerr=_err(vals, o.get("per_position_acceptance_ci")), marker="o", capsize=3,
-                    label=arm)
-    ax.set_xlabel("draft position i")
-    ax.set_ylabel("fraction of steps accepting >= i drafts")
-    ax.set_title("Per-position acceptance (pooled over steps, 95% CI)")
+                    label=arm, color=colours[arm])
     ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
+
+
+def _bars(ax, arms: list[str], n_groups: int, values, colours: dict, cis=None) -> None:
+    """Grouped bars: group g holds one bar per arm (`values(arm)[g]`, error bars from `cis(arm)`)."""
+    width = 0.8 / max(len(arms), 1)
+    for j, arm in enumerate(arms):
+        vals = values(arm)
+        xs = [g + (j - (len(arms) - 1) / 2) * width for g in range(n_groups)]
+        ax.bar(xs, vals, width=width, yerr=_err(vals, cis(arm)) if cis else None, capsize=3, label=arm,
+               color=colours[arm])
 
 
 def _histogram_figure(summary: dict) -> Figure:
     arms = _spec_arms(summary)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
-    width = 0.8 / max(len(arms), 1)
-    for j, arm in enumerate(arms):
-        hist = summary["per_arm"][arm]["overall"]["accepted_length_histogram"]
-        total = sum(hist) or 1
-        xs = [a + (j - (len(arms) - 1) / 2) * width for a in range(len(hist))]
-        ax.bar(xs, [h / total for h in hist], width=width, label=arm)
+    fig, ax = _axes("Accepted-length histogram", "accepted draft tokens per step", "fraction of steps",
+                    integer_x=True)
     n_max = max((len(summary["per_arm"][a]["overall"]["accepted_length_histogram"]) for a in arms), default=1)
+
+    def fractions(arm: str) -> list[float]:
+        hist = summary["per_arm"][arm]["overall"]["accepted_length_histogram"]
+        return [h / (sum(hist) or 1) for h in hist] + [0.0] * (n_max - len(hist))
+
+    _bars(ax, arms, n_max, fractions, arm_colours(summary["arms"]))
     ax.set_xticks(range(n_max))
-    ax.set_xlabel("accepted draft tokens per step")
-    ax.set_ylabel("fraction of steps")
-    ax.set_title("Accepted-length histogram")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "y")
 
 
 def _dataset_figure(summary: dict) -> Figure:
     arms, dss = _spec_arms(summary), summary["datasets"]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
-    width = 0.8 / max(len(arms), 1)
-    for j, arm in enumerate(arms):
+    fig, ax = _axes("tau per dataset (95% CI)", "", "tau pooled (incl. bonus)", integer_x=False)
+
+    def taus(arm: str) -> list[float]:
+        return [summary["per_arm"][arm]["by_dataset"].get(ds, {}).get("tau_pooled") or 0.0 for ds in dss]
+
+    def cis(arm: str) -> list:
         bd = summary["per_arm"][arm]["by_dataset"]
-        vals = [bd.get(ds, {}).get("tau_pooled") or 0.0 for ds in dss]
-        cis = [bd.get(ds, {}).get("tau_pooled_ci") or (v, v) for v, ds in zip(vals, dss)]
-        xs = [i + (j - (len(arms) - 1) / 2) * width for i in range(len(dss))]
-        ax.bar(xs, vals, width=width, yerr=_err(vals, cis), capsize=3, label=arm)
+        return [bd.get(ds, {}).get("tau_pooled_ci") or (v, v) for v, ds in zip(taus(arm), dss)]
+
+    _bars(ax, arms, len(dss), taus, arm_colours(summary["arms"]), cis)
     ax.set_xticks(range(len(dss)), dss)
-    ax.set_ylabel("tau pooled (incl. bonus)")
-    ax.set_title("tau per dataset (95% CI)")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "y")
 
 
 def _prediction_figure(summary: dict, predictions: dict[str, float]) -> Figure:
-    fig, ax = plt.subplots(figsize=(5.2, 5.0), dpi=100)
+    colours = arm_colours(summary["arms"])
+    fig, ax = _axes("Predicted vs measured speedup", "predicted speedup (cost model)",
+                    "measured speedup (95% CI)", integer_x=False, size=(5.2, 5.0))
     pts = []
     for arm, pred in predictions.items():
         o = summary["per_arm"].get(arm, {}).get("overall", {})
         if o.get("speedup") is not None:
             pts.append((arm, float(pred), o["speedup"], o.get("speedup_ci")))
     for arm, pred, meas, ci in pts:
-        ax.errorbar([pred], [meas], yerr=_err([meas], [ci]), marker="o", capsize=4, label=arm)
+        ax.errorbar([pred], [meas], yerr=_err([meas], [ci]), marker="o", capsize=4, label=arm,
+                    color=colours.get(arm, AR_COLOUR))
     if pts:
         lo = min(min(p[1], p[2]) for p in pts) * 0.9
         hi = max(max(p[1], p[2]) for p in pts) * 1.1
         ax.plot([lo, hi], [lo, hi], color="grey", linestyle=":", label="measured = predicted")
-    ax.set_xlabel("predicted speedup (cost model)")
-    ax.set_ylabel("measured speedup (95% CI)")
-    ax.set_title("Predicted vs measured speedup")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def make_figures(summary: dict, predictions: dict[str, float] | None = None) -> dict[str, Figure]:

@@ -406,7 +406,10 @@ def summarize(records: list[dict], *, n_resamples: int = 2000, seed: int = 0, ac
     return to_jsonable({
         "arms": arms, "n_samples": len({r["sample_id"] for r in kept}), "datasets": datasets,
         "temperatures": sorted({float(r["temperature"]) for r in kept}),
-        "n_records": len(kept), "conventions": conventions(n_resamples, seed, accuracy_margin, logprob_margin),
+        "n_records": len(kept),
+        "conventions": conventions(n_resamples, seed, accuracy_margin, logprob_margin,
+                                   {a: e["overall"]["speedup_batches"] for a, e in per_arm.items()
+                                    if "speedup_batches" in e["overall"]}),
         "settings": {"n_resamples": n_resamples, "seed": seed, "accuracy_margin": accuracy_margin,
                      "logprob_margin": logprob_margin},  # what re-summarizing the records needs
         "per_arm": per_arm, "vs_n": _vs_n(arms, per_arm), "notes": notes,
@@ -429,16 +432,24 @@ def _arm_notes(arm: str, m: dict) -> list[str]:
     return notes
 
 
+def arm_family(arm: str) -> str:
+    """An arm's label without its `@N=...`: "dflash2@N=7" -> "dflash2", "oracle@N=3|T=1" ->
+    "oracle|T=1", "ar" -> "ar". The name a plot over N gives the series of that arm's family."""
+    return re.sub(r"@N=\d+", "", arm)
+
+
 def _vs_n(arms: list[str], per_arm: dict) -> dict:
-    """Per arm kind (spec, selector_off, oracle, ...), the series over N used by the vs-N plots."""
+    """Per arm family (`arm_family`: "dflash2", "selector_off", "oracle", with `|T=...` when the
+    run has several temperatures), the series over N used by the vs-N plots."""
     series: dict[str, dict] = {}
     for arm in arms:
         e = per_arm[arm]
         if e["arm_kind"] == "ar":
             continue
-        kind = e["arm_kind"] + (re.sub(r"^.*\|", "|", arm) if "|T=" in arm else "")
-        s = series.setdefault(kind, {k: [] for k in ("arms", "N", "tau_pooled", "tau_pooled_ci", "tau_per_request",
-                                                     "tau_per_request_ci", "speedup", "speedup_ci")})
+        s = series.setdefault(arm_family(arm), {k: [] for k in ("arms", "N", "tau_pooled", "tau_pooled_ci",
+                                                                "tau_per_request", "tau_per_request_ci", "speedup",
+                                                                "speedup_ci")})
+        s["arm_kind"] = e["arm_kind"]
         o = e["overall"]
         s["arms"].append(arm)
         s["N"].append(e["num_speculative_tokens"])
@@ -447,14 +458,22 @@ def _vs_n(arms: list[str], per_arm: dict) -> dict:
     return series
 
 
-def conventions(n_resamples: int, seed: int, accuracy_margin: float, logprob_margin: float) -> dict[str, str]:
+def conventions(n_resamples: int, seed: int, accuracy_margin: float, logprob_margin: float,
+                speedup_batches: dict[str, int] | None = None) -> dict[str, str]:
+    """The statistics' conventions as sentences with this run's numbers (summary["conventions"]).
+
+    Args:
+        speedup_batches: arm -> generation batches its speedup CI resampled (stated per arm).
+    """
+    batches = ", ".join(f"{a}: {k}" for a, k in (speedup_batches or {}).items())
     return {
         "tau_pooled": "sum over steps of (accepted + 1) / steps; includes the bonus token (spec 3.7/11.7)",
         "tau_per_request": "mean over samples of each sample's mean(accepted + 1); includes the bonus token",
         "per_position_acceptance": "position i = fraction of all steps that accepted >= i draft tokens",
         "accepted_length_histogram": "number of steps that accepted exactly 0..N draft tokens",
         "speedup": "total AR wall time / total arm wall time over the samples both ran (paired); its CI "
-                   "resamples generation batches (speedup_batches of them), the unit that is timed",
+                   "resamples generation batches, the unit that is timed"
+                   + (f" (batches per arm: {batches})" if batches else ""),
         "ci": f"95% percentile bootstrap over samples (cluster; paired across arms), {n_resamples} resamples, "
               f"seed {seed}; accuracy: Wilson interval",
         "mcnemar": "exact two-sided binomial test on the discordant pairs (b = only arm correct, "

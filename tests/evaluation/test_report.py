@@ -95,3 +95,66 @@ def test_eval_report_script_rebuilds_from_records(run, tmp_path, capsys):
     (tmp_path / "records.jsonl").write_text(lines[0] + "\n{bad\n" + lines[1] + "\n")
     with pytest.raises(ValueError, match=r"records.jsonl:2"):
         mod.main([str(tmp_path)])
+
+
+def _legend_colours(fig) -> dict[str, tuple]:
+    """Legend label -> RGB of its handle (a line, an errorbar's line, or a bar)."""
+    from matplotlib.colors import to_rgb
+
+    out = {}
+    for handle, label in zip(*fig.axes[0].get_legend_handles_labels()):
+        artist = handle.lines[0] if hasattr(handle, "lines") and handle.lines else handle
+        artist = artist.patches[0] if hasattr(artist, "patches") else artist
+        colour = artist.get_facecolor() if hasattr(artist, "get_facecolor") and not hasattr(artist, "get_xdata") \
+            else artist.get_color()
+        out[label] = tuple(round(c, 6) for c in to_rgb(colour))
+    return out
+
+
+def test_each_arm_keeps_one_colour_and_its_own_name_in_every_figure(run):
+    import matplotlib.pyplot as plt
+
+    from dflash2.evaluation.report import arm_colours
+
+    recs, s = run
+    colours = {k: tuple(round(c, 6) for c in v) for k, v in arm_colours(s["arms"]).items()}
+    assert len({colours[a] for a in s["arms"]}) == len(s["arms"])  # arms are told apart
+    assert colours["dflash2"] == colours["dflash2@N=5"] != colours["selector_off"]  # a family's hue
+    figs = make_figures(s, predictions={"dflash2@N=2": 1.7, "dflash2@N=5": 2.4})
+    seen: dict[str, tuple] = {}
+    for name, fig in figs.items():
+        for label, colour in _legend_colours(fig).items():
+            assert "spec" not in label, (name, label)  # the records' names, not the arm kind
+            if label == "measured = predicted":  # the diagonal, no arm
+                continue
+            arm = label.split(" (")[0]  # "dflash2 (tau pooled)" -> the family "dflash2"
+            assert arm in colours, (name, label)
+            assert colour == colours[arm], (name, label)
+            seen.setdefault(arm, colour)
+            assert seen[arm] == colour  # the same colour in every figure
+        plt.close(fig)
+    assert {"dflash2", "selector_off", "dflash2@N=2", "dflash2@N=5", "selector_off@N=5"} <= set(seen)
+
+
+def test_integer_axes_have_integer_ticks(run):
+    import matplotlib.pyplot as plt
+
+    _, s = run
+    figs = make_figures(s)
+    for name in ("tau_vs_n", "speedup_vs_n", "per_position_acceptance", "accepted_length_histogram"):
+        ticks = figs[name].axes[0].get_xticks()
+        assert len(ticks) and all(float(t).is_integer() for t in ticks), (name, ticks)
+    for fig in figs.values():
+        plt.close(fig)
+
+
+def test_conventions_print_numbers_not_variable_names(run, tmp_path):
+    recs, s = run
+    write_report(tmp_path, recs, s)
+    page, md = (tmp_path / "report.html").read_text(), (tmp_path / "report.md").read_text()
+    batches = s["per_arm"]["dflash2@N=5"]["overall"]["speedup_batches"]
+    assert f"dflash2@N=5: {batches}" in s["conventions"]["speedup"]
+    for text in (page, md):
+        conventions = text[text.index("Conventions"):]
+        assert "speedup_batches" not in conventions and f"dflash2@N=5: {batches}" in conventions
+        assert not re.search(r"\{[a-z_]+\}", conventions)  # no unformatted placeholder either

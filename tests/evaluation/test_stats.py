@@ -203,7 +203,7 @@ def test_summary_speedup_is_paired_ratio_of_wall_times(flipped):
         gsm = s["per_arm"][arm]["by_dataset"]["gsm8k"]
         g_ids = [i for i in ids if i.startswith("gsm8k/")]
         assert gsm["speedup"] == pytest.approx(sum(wall["ar", i] for i in g_ids) / sum(wall[arm, i] for i in g_ids))
-    vs = s["vs_n"]["spec"]
+    vs = s["vs_n"]["dflash2"]
     assert vs["N"] == [3, 7] and vs["arms"] == ["dflash2@N=3", "dflash2@N=7"]
     assert vs["speedup"][1] == s["per_arm"]["dflash2@N=7"]["overall"]["speedup"]
     assert s["vs_n"]["selector_off"]["N"] == [7]
@@ -279,7 +279,7 @@ def test_summary_several_temperatures_pair_with_their_own_ar():
     want = sum(v for (arm, _), v in wall.items() if arm == "ar") / sum(
         v for (arm, _), v in wall.items() if arm != "ar")
     assert s["per_arm"]["dflash2@N=3|T=1"]["overall"]["speedup"] == pytest.approx(want)
-    assert set(s["vs_n"]) == {"spec|T=0", "spec|T=1"}
+    assert set(s["vs_n"]) == {"dflash2|T=0", "dflash2|T=1"}
 
 
 def test_summary_rejects_bad_records():

@@ -49,9 +49,9 @@ def test_offline_run_holds_the_logged_summary(run, tmp_path, monkeypatch):
     assert logged["config"]["target"] == {"name": "tiny-qwen3"} and logged["config"]["seed"] == 0
     assert run_dir.endswith(logged["run_id"])
     # The vs-N series is in the history against n_spec.
-    rows = [h for h in logged["history"] if "vs_n/spec/speedup" in h]
+    rows = [h for h in logged["history"] if "vs_n/dflash2/speedup" in h]
     assert [h["n_spec"] for h in rows] == [3, 7]
-    assert rows[1]["vs_n/spec/speedup"] == pytest.approx(s["vs_n"]["spec"]["speedup"][1])
+    assert rows[1]["vs_n/dflash2/speedup"] == pytest.approx(s["vs_n"]["dflash2"]["speedup"][1])
     pos = [h for h in logged["history"] if "acceptance/dflash2@N=7" in h]
     assert [h["position"] for h in pos] == list(range(1, 8))
     # The table file and saved summary are in the run's files.
@@ -71,7 +71,7 @@ def test_report_panels_over_logged_keys(run):
     runset = grids[0].runsets[0]
     assert "abc123" in str(expr_to_filters(runset.filters))
     lines = {p.title: p for p in grids[0].panels if isinstance(p, wr.LinePlot)}
-    assert lines["speedup vs AR vs N"].x == "n_spec" and lines["speedup vs AR vs N"].y == ["vs_n/spec/speedup"]
+    assert lines["speedup vs AR vs N"].x == "n_spec" and lines["speedup vs AR vs N"].y == ["vs_n/dflash2/speedup"]
     assert lines["per-position acceptance"].y == ["acceptance/dflash2@N=3", "acceptance/dflash2@N=7"]
     bars = {p.title: p for p in grids[0].panels if isinstance(p, wr.BarPlot)}
     keys = set(flat_metrics(s))
