@@ -1,6 +1,7 @@
 """The runner: oracle and selector-off arms through the real engine, per-sample seeds,
 departure margins, torn records, run identity on resume, and `eval/run.py experiment=tiny_cpu`
-end to end (killed mid-run, resumed, W&B offline for real)."""
+end to end (SIGKILLed mid-run, a torn last line added, resumed: the records equal an
+uninterrupted run's and none written before the kill is lost; W&B offline for real)."""
 
 import copy
 import json
@@ -144,9 +145,21 @@ def test_changed_config_refuses_to_append(runner, tmp_path):
         runner._check_identity(resume=True)
 
 
+TINY = ["experiment=tiny_cpu", "data.limit=1", "max_new_tokens=8"]
+
+
 def _cli(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(ROOT / "eval" / "run.py"), "experiment=tiny_cpu", f"output_dir={out}",
-            "data.limit=1", "max_new_tokens=8", *extra]
+    return [sys.executable, str(ROOT / "eval" / "run.py"), *TINY, f"output_dir={out}", *extra]
+
+
+def _uninterrupted(out: Path) -> Path:
+    """The same evaluation run once without interruption (in this process, through `run_eval`;
+    one thread, as the subprocesses run with OMP_NUM_THREADS=1)."""
+    from tests.evaluation.test_eval_configs import _compose
+
+    from dflash2.evaluation.run import run_eval
+
+    return run_eval(_compose([*TINY, f"output_dir={out}", "hardware.num_threads=1"]), out, job_name="eval")
 
 
 def test_tiny_cpu_end_to_end_killed_and_resumed(tmp_path):
@@ -187,6 +200,13 @@ def test_tiny_cpu_end_to_end_killed_and_resumed(tmp_path):
     assert all(len(b) == 1 for b in batches.values()), batches
     # T = 0, fp32 on CPU: every speculative arm reproduces the AR tokens.
     assert all(r["identical_to_ar"] for r in records if r["arm_kind"] != "ar")
+    # The killed-and-resumed run equals an uninterrupted one: the same (arm, sample) records with
+    # the same tokens, acceptance, correctness and text (wall times differ).
+    from dflash2.evaluation.sharding import compare_runs
+
+    same = compare_runs(_uninterrupted(tmp_path / "whole"), out, fields=("tokens", "accepted", "correct",
+                                                                          "finish_reason", "text", "batch"))
+    assert same["equal"] and same["n_compared"] == 16, json.dumps(same, indent=1)
     oracle = [r for r in records if r["arm_kind"] == "oracle"]
     assert sum(map(sum, (r["accepted"] for r in oracle))) / sum(r["steps"] for r in oracle) >= 1.0
     summary = json.loads((out / "summary.json").read_text())
