@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-from dflash2.jsonl import read_jsonl
+from dflash2.jsonl import TornLineWarning, read_jsonl
 from dflash2.runconfig import PromptFormat, encode_chat, prompt_format, stop_token_ids
 from dflash2.training.contamination import check_dataset_name, check_prompts
 
@@ -88,7 +89,14 @@ def _load_json(path: Path):
     try:
         return datasets.load_dataset("json", data_files=str(path), split="train")
     except Exception as e:  # the JSON builder's errors do not say which line is broken
-        read_jsonl(path)  # raises JsonlError with file:line when a line before the last is malformed
+        # dflash2.jsonl names the bad line: JsonlError before the last line; a bad last line is a
+        # TornLineWarning there (a killed write), but a data file is input, so it is an error here.
+        with warnings.catch_warnings(record=True) as torn:
+            warnings.simplefilter("always", TornLineWarning)
+            read_jsonl(path)
+        if torn:
+            where = str(torn[0].message).split(": skipped", 1)[0]
+            raise ValueError(f"{where}: not valid JSON (the last line); fix or delete that line") from e
         raise ValueError(f"{path}: datasets could not load it as JSONL ({type(e).__name__}: {e})") from e
 
 
