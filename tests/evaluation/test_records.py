@@ -104,3 +104,37 @@ def test_synthetic_records_are_valid_records():
     recs = synthetic_records(n_per_dataset=2, ns=(3,))
     assert all(Record.from_json(r).steps == len(r["accepted"]) for r in recs)
     assert not math.isnan(sum(r["wall_s"] for r in recs))
+
+
+def _imports(path) -> set[str]:
+    """Every `dflash2...` module `path` imports (at any depth: deferred imports count too)."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dflash2"):
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("dflash2")}
+    return out
+
+
+def test_evaluation_layers_read_top_down():
+    """run -> runner -> sharding -> records -> jsonl, never back; the engine never imports
+    evaluation (its acceptance statistics are the ones evaluation uses)."""
+    from pathlib import Path
+
+    import dflash2
+
+    pkg = Path(dflash2.__file__).parent
+    below = {"records.py": ("runner", "sharding", "run", "stats", "cost", "report"),
+             "sharding.py": ("runner", "run"), "runner.py": ("run",),
+             "stats.py": ("runner", "sharding", "run", "report"), "cost.py": ("runner", "sharding", "run", "report")}
+    for name, forbidden in below.items():
+        got = _imports(pkg / "evaluation" / name)
+        bad = [m for m in got for f in forbidden
+               if m == f or m == f"dflash2.evaluation.{f}" or m.startswith(f"dflash2.evaluation.{f}.")]
+        assert not bad, f"evaluation/{name} imports {bad} (an upward arrow)"
+    for path in (pkg / "engine" / "stats.py", pkg / "engine" / "generate.py"):
+        assert not [m for m in _imports(path) if m.startswith("dflash2.evaluation")], path
+    assert not (pkg / "engine" / "cost.py").exists()  # the cost model is evaluation's
