@@ -29,8 +29,8 @@ BASE = ["experiment=tiny_cpu", "data.limit=1", "max_new_tokens=8", "stats.n_resa
 HAS_EXACT = "exact" in inspect.signature(speculative_generate).parameters
 
 
-def _rec(arm, sid, v=None):
-    return record(arm, sid, run_id=v)
+def _rec(arm, sid, v=None, **fields):
+    return record(arm, sid, run_id=v, **fields)
 
 
 def test_items_go_to_rank_i_mod_world_and_mt_bench_turns_stay_together():
@@ -179,15 +179,16 @@ def test_killed_two_process_run_resumes_on_one(two_batch1, one_batch1, tmp_path)
     assert len(by_key) == len(recs) == 12  # 4 samples x 3 arms, none twice
     for r in kept:  # finished records were kept, not redone
         assert by_key[(r["arm"], r["sample_id"])] == r
-    assert sum("rank" not in r for r in recs) == 12 - len(kept)  # the rest ran on the 1 process
+    assert sum(r["rank"] is None for r in recs) == 12 - len(kept)  # the rest ran on the 1 process
     assert compare_runs(one_batch1(0.0), two)["equal"]
 
 
 def test_compare_runs_reports_differences_missing_and_duplicates(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
-    base = [_rec("ar", "g/0", tokens=[1, 2], accepted=[0, 0], correct=True, finish_reason="stop", wall_s=1.0),
-            _rec("spec@3", "g/0", tokens=[1, 2], accepted=[1], correct=True, finish_reason="stop", wall_s=0.5)]
+    base = [_rec("ar", "g/0", tokens=[1, 2], accepted=[0, 0], steps=2, correct=True, finish_reason="stop", wall_s=1.0),
+            _rec("spec@3", "g/0", tokens=[1, 2], accepted=[1], arm_kind="spec", num_speculative_tokens=3,
+                 correct=True, finish_reason="stop", wall_s=0.5)]
     (a / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in base))
     same = [dict(r, rank=i % 2, world_size=2, wall_s=9.0) for i, r in enumerate(base)]
     (b / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in same))
