@@ -13,6 +13,10 @@
   shade per N within it); every series is labelled with the arms' own names from the records
   (`stats.arm_family` for the series over N). Integer axes (N, draft position, accepted
   length) get integer ticks.
+
+Public: `print_summary`, `write_report`, `make_figures`, `figure_png`, `arm_colours`,
+`summary_rows`, `COLUMNS`, and the cell formatters `fmt_value`, `fmt_ci`, `fmt_p`, `fmt_pct`,
+`md_table` (shared with cross-run comparison reports).
 """
 
 from __future__ import annotations
@@ -41,19 +45,22 @@ from dflash2.jsonl import read_jsonl  # noqa: E402,F401
 # ------------------------------------------------------------------------------ formatting
 
 
-def _f(v: Any, digits: int = 2) -> str:
+def fmt_value(v: Any, digits: int = 2) -> str:
+    """`v` with `digits` decimals; "-" for None."""
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def _ci(v: Any, ci: Any, digits: int = 2) -> str:
+def fmt_ci(v: Any, ci: Any, digits: int = 2) -> str:
+    """"v [low, high]"; just v without a CI; "-" for None."""
     if v is None:
         return "-"
     if not ci or ci[0] is None or ci[1] is None:
-        return _f(v, digits)
+        return fmt_value(v, digits)
     return f"{v:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
 
 
-def _p(v: Any) -> str:
+def fmt_p(v: Any) -> str:
+    """A p-value: 2 significant digits, scientific below 1e-3; "-" for None."""
     if v is None:
         return "-"
     if v == 0:
@@ -61,12 +68,17 @@ def _p(v: Any) -> str:
     return f"{v:.2g}" if v >= 1e-3 else f"{v:.1e}"
 
 
-def _pct(v: Any, ci: Any = None) -> str:
+def fmt_pct(v: Any, ci: Any = None) -> str:
+    """A fraction as percent with one decimal (and its CI in brackets); "-" for None."""
     if v is None:
         return "-"
     if ci and ci[0] is not None:
         return f"{100 * v:.1f} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
     return f"{100 * v:.1f}"
+
+
+# The names scripts/ablation_report.py imports (until dflash2/evaluation/compare.py replaces it).
+_f, _ci, _p, _pct = fmt_value, fmt_ci, fmt_p, fmt_pct
 
 
 COLUMNS = ["arm", "N", "n", "tau pooled [95% CI]", "tau per-request [95% CI]", "speedup [95% CI]", "tok/s",
@@ -78,16 +90,16 @@ def _row(arm: str, n_spec: int, m: dict) -> list[str]:
     mde = m.get("mde_accuracy")
     return [
         arm, str(n_spec), str(m.get("n", 0)),
-        _ci(m.get("tau_pooled"), m.get("tau_pooled_ci")),
-        _ci(m.get("tau_per_request"), m.get("tau_per_request_ci")),
-        _ci(m.get("speedup"), m.get("speedup_ci")),
-        _f(m.get("tokens_per_s"), 1),
-        _pct(m.get("accuracy"), m.get("accuracy_ci")) if m.get("n_scored") else "-",
-        _p(mc.get("p")) if mc else "-",
-        _p(m.get("tost_accuracy_p")),
-        _f(100 * mde, 1) if mde is not None else "-",
-        _pct(m.get("identical_fraction")),
-        _p(m.get("tost_logprob_p")),
+        fmt_ci(m.get("tau_pooled"), m.get("tau_pooled_ci")),
+        fmt_ci(m.get("tau_per_request"), m.get("tau_per_request_ci")),
+        fmt_ci(m.get("speedup"), m.get("speedup_ci")),
+        fmt_value(m.get("tokens_per_s"), 1),
+        fmt_pct(m.get("accuracy"), m.get("accuracy_ci")) if m.get("n_scored") else "-",
+        fmt_p(mc.get("p")) if mc else "-",
+        fmt_p(m.get("tost_accuracy_p")),
+        fmt_value(100 * mde, 1) if mde is not None else "-",
+        fmt_pct(m.get("identical_fraction")),
+        fmt_p(m.get("tost_logprob_p")),
     ]
 
 
@@ -320,6 +332,7 @@ def make_figures(summary: dict, predictions: dict[str, float] | None = None) -> 
 
 
 def figure_png(fig: Figure) -> bytes:
+    """The figure as PNG bytes."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
@@ -328,11 +341,15 @@ def figure_png(fig: Figure) -> bytes:
 # ------------------------------------------------------------------------------ documents
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table; columns that are "-" in every row are dropped."""
     header, rows = _drop_empty(header, rows)
     esc = lambda c: str(c).replace("|", "\\|")  # noqa: E731
     return "\n".join(["| " + " | ".join(map(esc, header)) + " |", "|" + "---|" * len(header),
                       *("| " + " | ".join(map(esc, r)) + " |" for r in rows)])
+
+
+_md_table = md_table  # the name scripts/ablation_report.py imports
 
 
 def _html_table(header: list[str], rows: list[list[str]]) -> str:
@@ -350,8 +367,8 @@ def _sections(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     cat_rows = []
     for arm in summary["arms"]:
         for cat, m in summary["per_arm"][arm].get("by_category", {}).items():
-            cat_rows.append([arm, cat, _ci(m.get("tau_pooled"), m.get("tau_pooled_ci")),
-                             _ci(m.get("tau_per_request"), m.get("tau_per_request_ci")), str(m.get("steps_total"))])
+            cat_rows.append([arm, cat, fmt_ci(m.get("tau_pooled"), m.get("tau_pooled_ci")),
+                             fmt_ci(m.get("tau_per_request"), m.get("tau_per_request_ci")), str(m.get("steps_total"))])
     if cat_rows:
         out.append(("tau per MT-Bench category", ["arm", "category", "tau pooled [95% CI]",
                                                   "tau per-request [95% CI]", "steps"], cat_rows))
@@ -361,7 +378,7 @@ def _sections(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         d = (o.get("mcnemar") or {}).get("discordant") or {}
         disc += [[arm, sid, "arm only"] for sid in d.get("only_arm_correct", [])]
         disc += [[arm, sid, "AR only"] for sid in d.get("only_ar_correct", [])]
-        deps += [[arm, x["sample_id"], str(x.get("position")), _f(x.get("margin"), 4)] for x in o.get("departures", [])]
+        deps += [[arm, x["sample_id"], str(x.get("position")), fmt_value(x.get("margin"), 4)] for x in o.get("departures", [])]
     checks = summary.get("checks") or {}
     check_rows = [[k, {True: "passed", False: "FAILED"}.get(v.get("passed"), "-") if isinstance(v, dict) else "-",
                    json.dumps(v, default=str)[:300]] for k, v in checks.items()]
@@ -414,7 +431,7 @@ def write_report(out_dir: str | Path, records: list[dict], summary: dict, config
     md = ["# DFlash2 evaluation report", "", head, ""]
     md += [f"- note: {n}" for n in summary.get("notes", [])] + [""]
     for title, header, rows in sections:
-        md += [f"## {title}", "", _md_table(header, rows), ""]
+        md += [f"## {title}", "", md_table(header, rows), ""]
     md += ["## Plots", ""] + [f"![{n}](plots/{n}.png)" for n in pngs] + [""]
     md += ["## Conventions", ""] + [f"- **{k}**: {v}" for k, v in conv.items()] + [""]
     if cfg:
