@@ -1,4 +1,4 @@
-"""Synthetic evaluation records (the records contract) for the stats / report / W&B tests.
+"""Synthetic evaluation records (`dflash2.evaluation.records.Record` dicts) for the stats / report / W&B tests.
 
 A deterministic toy run: an AR arm and speculative arms at several N over GSM8K-, HumanEval-
 and MT-Bench-like samples. Acceptance per slot is Bernoulli(alpha) until the first miss, so
