@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     from dflash2.evaluation.report import print_summary, write_report
     from dflash2.evaluation.cost import add_to_summary
     from dflash2.evaluation.records import read_run_records
-    from dflash2.evaluation.stats import summarize
+    from dflash2.evaluation.stats import summarize, to_jsonable
 
     run_dir = args.run_dir
     records = read_run_records(run_dir)
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.predictions:
         predictions = json.loads(args.predictions.read_text())
         summary["cost_model"]["plotted_predictions"] = f"from {args.predictions}"
-    old_path.write_text(json.dumps(summary, indent=2))
+    old_path.write_text(json.dumps(to_jsonable(summary), indent=2))  # NaN as null
     config = read_config(run_dir)
     path = write_report(run_dir, records, summary, config=config, predictions=predictions)
     print_summary(summary)

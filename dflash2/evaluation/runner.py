@@ -436,7 +436,7 @@ def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = 
     from dflash2.evaluation.cost import add_to_summary
 
     predictions = add_to_summary(summary, records)  # summary["cost_model"] (in-sample) + a note
-    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, default=str))
+    (out_dir / SUMMARY).write_text(json.dumps(stats.to_jsonable(summary), indent=2, default=str))  # NaN as null
     config = to_container(cfg)
     report.write_report(out_dir, records, summary, config=config, predictions=predictions)
     report.print_summary(summary)

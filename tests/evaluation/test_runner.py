@@ -238,6 +238,12 @@ def test_checks_pass_fail_and_skip_when_sampling():
     out = run_checks(bad, checks)
     assert out["oracle_min_accepted"]["passed"] is False and out["identical_to_ar"]["passed"] is False
     assert out["identical_to_ar"]["differing"] == ["oracle@N=3:s"]
+    empty = [rec("ar", "ar", [], None), rec("oracle@N=3", "oracle", [], True)]  # no steps: nothing measured
+    out = run_checks(empty, checks)
+    assert out["oracle_min_accepted"]["passed"] is False
+    from dflash2.evaluation.stats import to_jsonable
+
+    assert to_jsonable(out)["oracle_mean_accepted_per_step"] == {"oracle@N=3": None}  # NaN goes to JSON as null
     sampled = [dict(r, temperature=1.0) for r in bad]
     out = run_checks(sampled, checks)
     assert out["oracle_min_accepted"]["passed"] is None and out["oracle_min_accepted"]["skipped"] == "T > 0"
