@@ -33,9 +33,9 @@ from dflash2.engine.stats import tau_pooled
 from dflash2.evaluation import datasets as ds
 from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm
 from dflash2.evaluation.config import run_identity, to_container, validate
+from dflash2.evaluation.records import RECORDS, append_records
 from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval
 from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion, load_judge
-from dflash2.evaluation.records import RECORDS, append_records
 from dflash2.evaluation.sharding import SHARDS_DIR, Shard, existing_records, shard_file, shard_of
 
 log = logging.getLogger(__name__)
