@@ -218,6 +218,10 @@ def _with_ci(v, ci, digits: int = 2, scale: float = 1.0) -> str:
     return cell
 
 
+def _p_value(p) -> str:
+    return "-" if p is None or not np.isfinite(p) else (f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}")
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     """A GitHub Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -230,7 +234,7 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 def arms_table(runs: list[ComparedRun], n: int) -> tuple[list[str], list[list[str]], list[dict]]:
     """Per drafter (and its selector-off arm), T and dataset ("all" first) at N = n."""
     header = ["drafter", "T", "dataset", "n", "tau pooled [95% CI]", "tau per-request [95% CI]",
-              "speedup vs AR [95% CI]", "accuracy % [95% CI]", "identical to AR %"]
+              "speedup vs AR [95% CI]", "accuracy % [95% CI]", "McNemar p", "identical to AR %"]
     rows, data = [], []
     for run in runs:
         for kind in DRAFT_KINDS:
@@ -244,12 +248,14 @@ def arms_table(runs: list[ComparedRun], n: int) -> tuple[list[str], list[list[st
                              _with_ci(m.get("tau_per_request"), m.get("tau_per_request_ci")),
                              _with_ci(m.get("speedup"), m.get("speedup_ci")),
                              _with_ci(m.get("accuracy"), m.get("accuracy_ci"), 1, 100) if m.get("n_scored") else "-",
+                             _p_value((m.get("mcnemar") or {}).get("p")),
                              _num(100 * m["identical_fraction"], 1) if m.get("identical_fraction") is not None
                              else "-"])
                 data.append({"drafter": run.label, "arm": arm, "kind": kind, "T": run.temperature, "dataset": ds,
                              **{k: m.get(k) for k in ("n", "tau_pooled", "tau_pooled_ci", "tau_per_request",
                                                        "tau_per_request_ci", "speedup", "speedup_ci", "accuracy",
-                                                       "identical_fraction")}})
+                                                       "accuracy_ci", "identical_fraction")},
+                             "mcnemar_p": (m.get("mcnemar") or {}).get("p")})
     return header, rows, data
 
 
@@ -491,7 +497,9 @@ def compare_runs(runs: Sequence[str | Path], out_dir: str | Path, *, sweeps: Seq
     if not runs:
         raise ValueError("--compare needs at least one run directory")
     compared = [r for spec in runs for r in load_run(spec, n_resamples=n_resamples, seed=seed)]
-    order = {name: i for i, name in enumerate(list(KNOWN_COLOURS) + [r.label for r in compared])}
+    order: dict[str, int] = {}
+    for name in list(KNOWN_COLOURS) + [r.label for r in compared]:
+        order.setdefault(name, len(order))
     compared.sort(key=lambda r: (order[r.label], r.temperature))  # dflash2, conv_only, v1, then as given
     seen: dict[tuple, Path] = {}
     for r in compared:
