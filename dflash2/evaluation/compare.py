@@ -114,10 +114,18 @@ def _predictions(run_dir: Path, temperature: float) -> dict:
     return out
 
 
+def _named(spec: str | Path) -> tuple[str, Path]:
+    """`NAME=DIR` -> (NAME, DIR); `DIR` (also an existing path with "=" in it) -> ("", DIR)."""
+    text = str(spec)
+    if "=" not in text or Path(text).exists():
+        return "", Path(text)
+    name, _, path = text.partition("=")
+    return name, Path(path)
+
+
 def load_run(spec: str | Path, *, n_resamples: int = 2000, seed: int = 0) -> list[ComparedRun]:
     """The `ComparedRun`s (one per temperature) of `spec` = `DIR` or `NAME=DIR`."""
-    name, _, path = str(spec).rpartition("=") if "=" in str(spec) else ("", "", str(spec))
-    run_dir = Path(path)
+    name, run_dir = _named(spec)
     records = read_run_records(run_dir)
     ckpt = _checkpoint_of(records)
     train_dir = None
@@ -516,10 +524,10 @@ def compare_runs(runs: Sequence[str | Path], out_dir: str | Path, *, sweeps: Seq
     else:
         train_dirs = {}
         for spec in train:
-            name, _, path = str(spec).rpartition("=") if "=" in str(spec) else ("", "", str(spec))
-            if not Path(path).is_dir():
+            name, path = _named(spec)
+            if not path.is_dir():
                 raise FileNotFoundError(f"--train {path}: not a directory")
-            train_dirs[name or Path(path).name] = Path(path)
+            train_dirs[name or path.name] = path
     colours = arm_colours([r.label for r in sweep_runs] + list(train_dirs))
 
     out = Path(out_dir)
