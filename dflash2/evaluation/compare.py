@@ -421,7 +421,8 @@ def _figures(arms: list[dict], ratios: list[dict], positions: list[dict], sweep:
                ylim=(0, 1.02))
         ax.set_xticks(range(1, n + 1))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8) if ax.has_data() else None
+        if ax.has_data():
+            ax.legend(fontsize=8)
     figs["per_position"] = fig
 
     if sweep:
@@ -458,7 +459,8 @@ def _figures(arms: list[dict], ratios: list[dict], positions: list[dict], sweep:
             ax.set(xlabel="optimizer step", title=title)
             _integer_ticks(ax)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8) if ax.has_data() else None
+            if ax.has_data():
+                ax.legend(fontsize=8)
         figs["training"] = fig
 
     paths = {}
