@@ -5,6 +5,11 @@ records off a GPU machine.
     python eval/report.py DIR
     python eval/report.py DIR --predictions predicted_speedup.json     # {"dflash2@N=7": 2.9, ...}
     python eval/report.py DIR --n-resamples 10000 --wandb offline       # also (re)log to W&B
+    python eval/report.py --compare ROOT/eval/* --sweep ROOT/sweep/* --out ROOT/compare   # across runs
+
+`--compare RUN...` (`DIR` or `NAME=DIR`, one drafter per run) writes the cross-run tables and
+figures (tau per drafter with CIs, tau ratios, per-position acceptance, the N sweep, training
+curves) to `--out`: `dflash2.evaluation.compare` (docs/EXPERIMENTS.md, the ablation).
 
 Keys of an existing summary.json that come from the run rather than the records (`checks`,
 `run_id`, `prompt_format`) are kept.
@@ -35,7 +40,13 @@ def read_config(run_dir: Path) -> dict | None:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run_dir", type=Path, help="directory holding records.jsonl")
+    ap.add_argument("run_dir", type=Path, nargs="?", help="directory holding records.jsonl")
+    ap.add_argument("--compare", nargs="+", metavar="RUN", help="compare these eval runs (DIR or NAME=DIR)")
+    ap.add_argument("--sweep", nargs="+", default=[], metavar="RUN", help="with --compare: runs for the N sweep only")
+    ap.add_argument("--train", nargs="+", default=None, metavar="DIR",
+                    help="with --compare: distillation runs (default: those that wrote the compared checkpoints)")
+    ap.add_argument("--out", type=Path, default=None, help="with --compare: output directory (required)")
+    ap.add_argument("--n", type=int, default=None, help="with --compare: N of the compared arms (default: largest common)")
     ap.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     ap.add_argument("--accuracy-margin", type=float, default=0.02, help="TOST margin on accuracy (0.02 = 2 points)")
@@ -46,6 +57,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--wandb-project", default="dflash2")
     ap.add_argument("--wandb-entity", default=None)
     args = ap.parse_args(argv)
+    if args.compare is not None:
+        return compare(ap, args)
+    if args.run_dir is None:
+        ap.error("pass a run directory, or --compare RUN... --out DIR")
 
     from dflash2.evaluation.report import print_summary, write_report
     from dflash2.evaluation.cost import add_to_summary
@@ -79,6 +94,23 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"W&B run directory: {wandb_dir}")
     print(f"summary: {old_path}\nreport:  {path}\nmarkdown: {run_dir / 'report.md'}")
     return summary
+
+
+def compare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """`--compare`: the cross-run comparison (dflash2.evaluation.compare); a bad input is one line."""
+    if args.run_dir is not None or args.out is None:
+        ap.error("--compare takes its runs after it and needs --out DIR (no positional run directory)")
+    if args.n_resamples < 1:
+        ap.error(f"--n-resamples {args.n_resamples}: use >= 1")
+    from dflash2.evaluation.compare import compare_runs
+
+    try:
+        res = compare_runs(args.compare, args.out, sweeps=args.sweep, train=args.train, n=args.n,
+                           n_resamples=args.n_resamples, seed=args.seed)
+    except (FileNotFoundError, ValueError) as e:
+        ap.exit(2, f"eval/report.py --compare: {e}\n")
+    print(f"comparison: {res['markdown']}\nnumbers:    {res['json']}\nfigures:    {', '.join(map(str, res['figures'].values()))}")
+    return res
 
 
 if __name__ == "__main__":

@@ -23,8 +23,15 @@ register_distill_schema()
 
 @hydra.main(config_path="../configs/distill", config_name="distill", version_base=None)
 def main(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
     from dflash2.training.run import run_distill
 
+    # Multirun (-m): each job writes its own subdir of output_dir (hydra.sweep.subdir), as eval/run.py
+    # does; interpolations of output_dir (e.g. an experiment's data.regenerated) keep the value given.
+    OmegaConf.resolve(cfg)
+    cfg.output_dir = HydraConfig.get().runtime.output_dir
     final = run_distill(cfg)
     print(f"final checkpoint: {final}")
 

@@ -1,4 +1,4 @@
-"""scripts/gpu_cost_model.py's step accounting (the GPU run itself is issue 7 item 5's device job)."""
+"""benchmarks/cost_model.py's step accounting (the GPU run itself is issue 7 item 5's device job)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from dflash2.engine.generate import SpeculativeOutput
 from dflash2.engine.stats import StepTimes
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_cost_model.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "cost_model.py"
 
 
 def _load():

@@ -1,4 +1,4 @@
-"""scripts/gpu_step_profile.py's kernel accounting (the profile itself runs on the GPU)."""
+"""benchmarks/step_profile.py's kernel accounting (the profile itself runs on the GPU)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_step_profile.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_profile.py"
 
 
 @pytest.fixture(scope="module")

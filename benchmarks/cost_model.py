@@ -1,7 +1,7 @@
 """Out-of-sample validation of the cost model (`dflash2.evaluation.cost`, issue 7 item 5) on one GPU.
 
-    OUT=/tmp/out python scripts/gpu_cost_model.py                      # Qwen3-8B-shaped random target
-    OUT=... python scripts/gpu_cost_model.py --gguf path/SmolLM2-135M-Instruct.Q4_1.gguf   # real model
+    OUT=/tmp/out python -m benchmarks.cost_model                      # Qwen3-8B-shaped random target
+    OUT=... python -m benchmarks.cost_model --gguf path/SmolLM2-135M-Instruct.Q4_1.gguf   # real model
 
 Protocol (greedy, batch 1 by default, `speculative_generate(timing=True)`; on CUDA the engine's
 CUDA-graph step by default, `--engine eager` for the eager loop):
@@ -45,13 +45,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dflash2.engine import speculative_generate  # noqa: E402
-from dflash2.engine.compiled import COMPILE_LEVELS  # noqa: E402
-from dflash2.evaluation.cost import AcceptanceProfile, StepCost, StepCostModel, predict_speedup  # noqa: E402
-from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer  # noqa: E402
-from dflash2.target import TargetModel  # noqa: E402
+from dflash2.engine import speculative_generate
+from dflash2.engine.compiled import COMPILE_LEVELS
+from dflash2.evaluation.cost import AcceptanceProfile, StepCost, StepCostModel, predict_speedup
+from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer
+from dflash2.target import TargetModel
 
 
 def sync(device: torch.device) -> None:
@@ -196,7 +195,7 @@ def main(argv=None) -> int:
     if args.smoke:
         args.calib_ctx, args.valid_ctx, args.gen, args.repeats, args.layers = 48, 128, 48, 1, 2
     elif not torch.cuda.is_available():
-        raise SystemExit("gpu_cost_model.py needs a CUDA GPU (it measures GPU step costs); --smoke runs on CPU")
+        raise SystemExit("benchmarks.cost_model needs a CUDA GPU (it measures GPU step costs); --smoke runs on CPU")
     out_dir = Path(os.environ.get("OUT", "."))
     out_dir.mkdir(parents=True, exist_ok=True)
     calib_n = [int(x) for x in args.calib_n.split(",")]

@@ -1,18 +1,18 @@
-"""Multi-GPU distillation figures (issue 8 item 5, issue 11): the worker and the report behind
-`scripts/gpu_multi_distill.sh`.
+"""Multi-GPU distillation figures (issue 8 item 5, issue 11): the worker and the report
+(docs/EXPERIMENTS.md, "Multi-GPU distillation", for the runs that make the figures).
 
-    accelerate launch ... scripts/gpu_multi_distill.py run --name NAME --run-dir DIR --results RES [options]
-    python scripts/gpu_multi_distill.py report --results RES [--out OUT/multi_gpu.md]
+    accelerate launch ... -m benchmarks.multi_distill run --name NAME --run-dir DIR --results RES [options]
+    python -m benchmarks.multi_distill report --results RES [--out OUT/multi_gpu.md]
 
 `run` trains with the real `Distiller.train_step` (target pass, draft forward/backward, clip,
 AdamW) on a Qwen3-8B-shaped random bf16 target and a 5-layer DFlash2 draft, synthetic samples
-(same generator as scripts/bench_distill.py), and writes RES/NAME.rank<r>.json: the loss of every
+(same generator as benchmarks/distill.py), and writes RES/NAME.rank<r>.json: the loss of every
 step (summed over processes as the trainer logs it), the seconds of every step (CUDA-synchronized)
 and the peak memory of that GPU. With `--resume CKPT ...` it resumes each given checkpoint in turn
 (a run dir holding only a link to it) and trains `--steps` more steps from there.
 
-`run --tiny` swaps in the tiny CPU target/draft of the tests (fp32, dense attention) so the whole
-shell pipeline can be dry-run on a CPU machine: `DRY_RUN=1 OUT=/tmp/x bash scripts/gpu_multi_distill.sh`.
+`run --tiny` swaps in the tiny CPU target/draft of the tests (fp32, dense attention) so every run can be
+dry-run on a CPU machine (gloo processes: `accelerate launch --cpu --num_processes 2 -m benchmarks.multi_distill run --tiny ...`).
 
 Needs torch (CUDA), transformers, accelerate; not hydra, datasets or wandb.
 """
@@ -29,9 +29,6 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
 
 GRAD_ACCUM = 1
 
@@ -45,7 +42,7 @@ def build_target(tiny: bool):
     """The Qwen3-8B-shaped random bf16 target, identical on every process (same seed, same GPU model)."""
     from transformers import AutoModelForCausalLM
 
-    from bench_distill import QWEN3_8B
+    from benchmarks.distill import QWEN3_8B
     from dflash2.runconfig import TargetSpec, random_target_config
     from dflash2.target import TargetModel
 
@@ -60,7 +57,7 @@ def build_target(tiny: bool):
 
 
 def make_config(args, run_dir: Path, resume: bool):
-    from bench_distill import QWEN3_8B
+    from benchmarks.distill import QWEN3_8B
     from dflash2.runconfig import DraftSpec, HardwareSpec, LoggerSpec, TargetSpec
     from dflash2.training.config import DistillConfig, TrainSpec
     from dflash2.training.data import DataSpec
@@ -105,7 +102,7 @@ def train_some(d, acc, steps: int, save_at: list[int]) -> dict:
 def cmd_run(args) -> None:
     from accelerate import Accelerator
 
-    from bench_distill import QWEN3_8B, samples
+    from benchmarks.distill import QWEN3_8B, samples
     from dflash2.training.data import TrainingData
     from dflash2.training.trainer import Distiller
 
@@ -275,7 +272,7 @@ def main() -> None:
     args = p.parse_args()
     if args.cmd == "run":
         if not torch.cuda.is_available() and not args.tiny:
-            sys.exit("gpu_multi_distill.py run needs CUDA GPUs (or --tiny for a CPU dry run)")
+            sys.exit("benchmarks.multi_distill run needs CUDA GPUs (or --tiny for a CPU dry run)")
         cmd_run(args)
     else:
         cmd_report(args)

@@ -6,9 +6,9 @@ bf16 autocast, FlexAttention, the real `Distiller.train_step` (target pass + dra
 chunked head + losses, backward, clip, AdamW). Warm-up steps (compile) are excluded; the
 timed steps end with `torch.cuda.synchronize()`.
 
-    python scripts/bench_distill.py                         # batch sizes 4, 8, 16
-    python scripts/bench_distill.py --batch-sizes 8 --no-checkpoint-head --grad-ckpt
-    OUT=/tmp/out python scripts/bench_distill.py            # also writes $OUT/bench_distill.md/json
+    python -m benchmarks.distill                         # batch sizes 4, 8, 16
+    python -m benchmarks.distill --batch-sizes 8 --no-checkpoint-head --grad-ckpt
+    OUT=/tmp/out python -m benchmarks.distill            # also writes $OUT/bench_distill.md/json
 
 Needs torch (CUDA), transformers, accelerate; not hydra, datasets or wandb.
 Target: >= 6 samples/s on one H200 (the single-GPU share of the published 8-GPU recipe); the
@@ -26,11 +26,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dflash2.runconfig import DraftSpec, HardwareSpec, LoggerSpec, TargetSpec, random_target_config  # noqa: E402
-from dflash2.training.config import DistillConfig, TrainSpec  # noqa: E402
-from dflash2.training.data import DataSpec, TrainingData  # noqa: E402
+from dflash2.runconfig import DraftSpec, HardwareSpec, LoggerSpec, TargetSpec, random_target_config
+from dflash2.training.config import DistillConfig, TrainSpec
+from dflash2.training.data import DataSpec, TrainingData
 
 QWEN3_8B = dict(name="qwen3-8b-random", source="random", tokenizer=None, dtype="bfloat16", hidden_size=4096,
                 intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
@@ -98,7 +97,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     args = p.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("bench_distill needs a CUDA GPU")
+        sys.exit("benchmarks.distill needs a CUDA GPU")
     out = Path(os.environ.get("OUT", "."))
     args.scratch = out / "bench_scratch"
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -123,7 +122,7 @@ def main() -> None:
             f"block 16, {args.anchors} anchors, {args.length}-token samples, bf16 autocast, attention={args.attention}, "
             f"checkpoint_head={args.checkpoint_head}, grad_ckpt={args.grad_ckpt}, chunk_anchors={args.chunk_anchors}; "
             f"{args.warmup} warm-up + {args.steps} timed steps.\n\n"
-            f"Command: `python scripts/bench_distill.py {' '.join(sys.argv[1:])}`\n\n")
+            f"Command: `python -m benchmarks.distill {' '.join(sys.argv[1:])}`\n\n")
     table = ["| batch | samples/s | tokens/s | query tokens/s | s/step | peak GiB |", "|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:

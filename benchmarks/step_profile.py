@@ -1,6 +1,6 @@
 """Where the engine's decoding step spends its GPU time, and what regional torch.compile buys.
 
-    OUT=/tmp/o python scripts/gpu_step_profile.py [--variants base,light,full] [--budget-s 540]
+    OUT=/tmp/o python -m benchmarks.step_profile [--variants base,light,full] [--budget-s 540]
 
 Qwen3-8B shape, bf16, random weights, 5-layer random DFlash2 draft, context 512 (the engine
 benchmark's models, `dflash2.engine.bench.build_models`). For each variant of the target:
@@ -25,18 +25,16 @@ import json
 import os
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dflash2.engine import speculative_generate  # noqa: E402
-from dflash2.engine.bench import build_models  # noqa: E402
-from dflash2.engine.compiled import COMPILE_LEVELS, COMPILED_FLAG  # noqa: E402
-from dflash2.evaluation.oracle import DeviceOracleProposer  # noqa: E402
+from dflash2.engine import speculative_generate
+from dflash2.engine.bench import build_models
+from dflash2.engine.compiled import COMPILE_LEVELS, COMPILED_FLAG
+from dflash2.evaluation.oracle import DeviceOracleProposer
 
 FAMILIES = [  # first match wins (attention before GEMM: some attention kernels are CUTLASS)
     ("attention", re.compile(r"fmha|flash|attention|sdpa|cudnn|softmax")),
@@ -112,7 +110,7 @@ def graph_ms(target, proposer, ids, n: int, new_tokens: int, **kw) -> dict:
 
 
 def render(res: dict) -> str:
-    lines = ["# Step profile (`scripts/gpu_step_profile.py`)", "", res["meta"], ""]
+    lines = ["# Step profile (`python -m benchmarks.step_profile`)", "", res["meta"], ""]
     lines += ["## Graph ms/step (median of replayed steps)", "", "| variant | batch | arm | N | ms/step | first call s |",
               "| --- | --- | --- | --- | --- | --- |"]
     for c in res["graph"]:

@@ -1,0 +1,568 @@
+"""Cross-run comparison of evaluation runs: the ablation's tables and figures (DFlash2 vs conv-only
+vs DFlash v1, or any set of drafters evaluated with `eval/run.py`).
+
+    python eval/report.py --compare ROOT/eval/* --sweep ROOT/sweep/* --out ROOT/compare
+    python eval/report.py --compare dflash2=RUN_A v1=RUN_B --out DIR --n 7
+
+Public: `compare_runs(runs, out_dir, ...)` (writes `out_dir/compare.md`, `compare.json` and
+`figures/*.png`, returns what it wrote and the numbers), `load_run(spec)`, `tau_ratio(num, den)`,
+`conditional_acceptance(u)`, `arm_colours(names)`.
+
+What is compared. Each RUN is an `eval/run.py` output directory (its `records.jsonl`), named by
+the drafter it evaluated: `NAME=DIR` when given, else the distillation run that wrote its
+checkpoint (`.../<name>/final` -> `<name>`: the ablation presets train arm `a` into
+`ROOT/train/a`), else the directory name. A run with several temperatures counts once per
+temperature. Every number is recomputed here from the records with `stats.summarize`
+(`n_resamples`, `seed`), so a comparison never mixes statistics of different code versions; only
+the cost model's predicted speedups are read from a run's `summary.json`.
+
+- **Arms** (per drafter, T, dataset): tau pooled and per request with 95% CIs, speedup vs AR with
+  its CI, accuracy, identical-to-AR share, for the drafter's arm at N = `n` (and its selector-off
+  arm on the same weights where the run has one).
+- **tau ratios**: for every pair of drafters at the same T (in the order given), pooled tau
+  num / den over the sample ids both ran, with a paired bootstrap CI (`tau_ratio`); and each
+  drafter over its own selector-off arm.
+- **Per-position acceptance**: P(slot i accepted | slots < i accepted) at N = `n`.
+- **N sweep**: tau and speedup vs N (CIs) for every run with two or more N (the `--sweep` runs
+  and any compared run that has them), with the run's cost-model prediction when it made one.
+- **Training**: final loss / tau proxies and held-out values from the distillation run's
+  `metrics.jsonl`, and the SHA-256 of each final checkpoint file.
+
+Figures give each drafter one colour in every plot (`arm_colours`) and its own name; a
+drafter's selector-off arm keeps the colour with a dashed line. Integer axes (N, slot) have
+integer ticks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dflash2.evaluation import stats
+from dflash2.jsonl import read_jsonl, to_jsonable
+
+DRAFT_KINDS = ("spec", "selector_off")  # the record `arm_kind`s that run a checkpoint
+TRAIN_KEYS = ("loss", "loss_unary", "loss_selector", "tau_proxy", "path_tau")
+KNOWN_COLOURS = {"dflash2": "#1f77b4", "conv_only": "#ff7f0e", "v1": "#2ca02c"}
+PALETTE = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79")
+
+
+# ------------------------------------------------------------------ the seam to the records
+# The only two functions that read run files. Records are today's dicts (dflash2.jsonl); when
+# dflash2.evaluation.records lands, these two switch to it (Record objects -> `dataclasses.asdict`)
+# and its dedupe rule, and nothing else here changes.
+
+
+def read_run_records(run_dir: Path) -> list[dict]:
+    """The records of one `eval/run.py` directory, one per (arm, temperature, sample_id): a later
+    record of the same key replaces an earlier one (the rule of `stats.summarize`). Raises
+    FileNotFoundError / ValueError naming the directory when it has no records."""
+    path = Path(run_dir) / "records.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: no records.jsonl; pass directories that eval/run.py wrote")
+    latest = {(r["arm"], float(r["temperature"]), r["sample_id"]): r for r in read_jsonl(path)}
+    if not latest:
+        raise ValueError(f"{path} holds no records")
+    return list(latest.values())
+
+
+def read_training_metrics(train_dir: Path) -> list[dict]:
+    """The rows of a distillation run's `metrics.jsonl` (dflash2/training/metrics.py), [] if none."""
+    path = Path(train_dir) / "metrics.jsonl"
+    return read_jsonl(path) if path.is_file() else []
+
+
+# ------------------------------------------------------------------ runs
+
+
+@dataclass(frozen=True)
+class ComparedRun:
+    """One (eval run, temperature): `records` of that temperature, `summary` = stats.summarize of
+    them, `spec_ns` the N of its drafter arms, `train_dir` the distillation run of its checkpoint
+    (None when unknown), `predictions` {arm: predicted speedup} of the run's cost model."""
+
+    label: str
+    temperature: float
+    path: Path
+    records: list[dict]
+    summary: dict
+    spec_ns: tuple[int, ...]
+    train_dir: Path | None
+    predictions: dict
+
+
+def _checkpoint_of(records: list[dict]) -> Path | None:
+    paths = {r.get("draft_path") for r in records if r["arm_kind"] in DRAFT_KINDS} - {None}
+    return Path(paths.pop()) if len(paths) == 1 else None
+
+
+def _predictions(run_dir: Path, temperature: float) -> dict:
+    """{arm: predicted speedup} at `temperature` from the cost model in the run's summary.json."""
+    path = run_dir / "summary.json"
+    arms = ((json.loads(path.read_text()).get("cost_model") or {}).get("arms") or {}) if path.is_file() else {}
+    out = {}
+    for key, v in arms.items():
+        arm, _, t = key.partition("|T=")
+        if isinstance(v, dict) and (not t or float(t) == temperature):
+            out[arm] = v.get("predicted_speedup")
+    return out
+
+
+def _named(spec: str | Path) -> tuple[str, Path]:
+    """`NAME=DIR` -> (NAME, DIR); `DIR` (also an existing path with "=" in it) -> ("", DIR)."""
+    text = str(spec)
+    if "=" not in text or Path(text).exists():
+        return "", Path(text)
+    name, _, path = text.partition("=")
+    return name, Path(path)
+
+
+def load_run(spec: str | Path, *, n_resamples: int = 2000, seed: int = 0) -> list[ComparedRun]:
+    """The `ComparedRun`s (one per temperature) of `spec` = `DIR` or `NAME=DIR`."""
+    name, run_dir = _named(spec)
+    records = read_run_records(run_dir)
+    ckpt = _checkpoint_of(records)
+    train_dir = None
+    if ckpt is not None and ckpt.name == "final":
+        train_dir = ckpt.parent
+    label = name or (train_dir.name if train_dir else run_dir.name)
+    out = []
+    for t in sorted({float(r["temperature"]) for r in records}):
+        recs = [r for r in records if float(r["temperature"]) == t]
+        ns = tuple(sorted({int(r["num_speculative_tokens"]) for r in recs if r["arm_kind"] == "spec"}))
+        out.append(ComparedRun(label, t, run_dir, recs, stats.summarize(recs, n_resamples=n_resamples, seed=seed),
+                               ns, train_dir if train_dir and train_dir.is_dir() else None,
+                               _predictions(run_dir, t)))
+    return out
+
+
+def _arm_at(run: ComparedRun, kind: str, n: int) -> str | None:
+    """The summary arm of `kind` at N = n, or None."""
+    for arm, e in run.summary["per_arm"].items():
+        if e["arm_kind"] == kind and int(e["num_speculative_tokens"]) == n:
+            return arm
+    return None
+
+
+def _variant(label: str, kind: str) -> str:
+    return label if kind == "spec" else f"{label}, selector off"
+
+
+def _by_sample(run: ComparedRun, kind: str, n: int) -> dict[str, dict]:
+    return {r["sample_id"]: r for r in run.records if r["arm_kind"] == kind and int(r["num_speculative_tokens"]) == n}
+
+
+# ------------------------------------------------------------------ statistics computed here
+
+
+def tau_ratio(num: dict[str, dict], den: dict[str, dict], n_resamples: int = 2000, seed: int = 0) -> dict:
+    """Ratio of pooled tau, num / den, over the sample ids both ran (and that took a step in both),
+    with a paired bootstrap 95% CI: each resample draws sample ids with replacement, the same ids
+    for both arms, and recomputes sum(accepted + 1) / steps for each (`stats.bootstrap_ci`).
+
+    Args:
+        num, den: {sample_id: record} of the two arms.
+    Returns:
+        {"n", "tau_num", "tau_den", "ratio", "ratio_ci"}; values None where undefined (no common
+        samples; a CI needs two).
+    """
+    ids = [s for s in num if s in den and num[s]["accepted"] and den[s]["accepted"]]
+    out = {"n": len(ids), "tau_num": None, "tau_den": None, "ratio": None, "ratio_ci": None}
+    if not ids:
+        return out
+    acc = [[np.asarray(side[s]["accepted"], dtype=float) for s in ids] for side in (num, den)]
+    produced = [np.array([a.sum() + a.size for a in side]) for side in acc]  # [n] each
+    steps = [np.array([a.size for a in side], dtype=float) for side in acc]
+    out["tau_num"], out["tau_den"] = (float(p.sum() / s.sum()) for p, s in zip(produced, steps))
+    out["ratio"] = out["tau_num"] / out["tau_den"]
+
+    def ratio(idx: np.ndarray, axis: int = -1) -> np.ndarray:  # resampled sample indices [..., n] -> [...]
+        i = idx.astype(np.int64)
+        return ((produced[0][i].sum(axis) / steps[0][i].sum(axis))
+                / (produced[1][i].sum(axis) / steps[1][i].sum(axis)))
+
+    if len(ids) >= 2:
+        out["ratio_ci"] = stats.bootstrap_ci(np.arange(len(ids), dtype=float), ratio, n_resamples, seed)
+    return out
+
+
+def conditional_acceptance(unconditional: Sequence[float | None]) -> list[float | None]:
+    """P(slot i accepted | slots < i accepted) = u_i / u_(i-1) from u_i = P(>= i accepted), u_0 = 1;
+    None where no step reached slot i."""
+    out, prev = [], 1.0
+    for u in unconditional:
+        out.append(None if u is None or not prev else float(u) / prev)
+        prev = u if u is not None else 0.0
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------ cells
+
+
+def _num(v, digits: int = 2) -> str:
+    return "-" if v is None or (isinstance(v, float) and not np.isfinite(v)) else f"{v:.{digits}f}"
+
+
+def _with_ci(v, ci, digits: int = 2, scale: float = 1.0) -> str:
+    if v is None:
+        return "-"
+    cell = _num(v * scale, digits)
+    if ci and ci[0] is not None and np.isfinite(ci[0]):
+        cell += f" [{_num(ci[0] * scale, digits)}, {_num(ci[1] * scale, digits)}]"
+    return cell
+
+
+def _p_value(p) -> str:
+    return "-" if p is None or not np.isfinite(p) else (f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}")
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A GitHub Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+# ------------------------------------------------------------------ tables (each: header, rows, data)
+
+
+def arms_table(runs: list[ComparedRun], n: int) -> tuple[list[str], list[list[str]], list[dict]]:
+    """Per drafter (and its selector-off arm), T and dataset ("all" first) at N = n."""
+    header = ["drafter", "T", "dataset", "n", "tau pooled [95% CI]", "tau per-request [95% CI]",
+              "speedup vs AR [95% CI]", "accuracy % [95% CI]", "McNemar p", "identical to AR %"]
+    rows, data = [], []
+    for run in runs:
+        for kind in DRAFT_KINDS:
+            arm = _arm_at(run, kind, n)
+            if arm is None:
+                continue
+            entry = run.summary["per_arm"][arm]
+            for ds, m in [("all", entry["overall"])] + sorted(entry["by_dataset"].items()):
+                rows.append([_variant(run.label, kind), f"{run.temperature:g}", ds, str(m.get("n", 0)),
+                             _with_ci(m.get("tau_pooled"), m.get("tau_pooled_ci")),
+                             _with_ci(m.get("tau_per_request"), m.get("tau_per_request_ci")),
+                             _with_ci(m.get("speedup"), m.get("speedup_ci")),
+                             _with_ci(m.get("accuracy"), m.get("accuracy_ci"), 1, 100) if m.get("n_scored") else "-",
+                             _p_value((m.get("mcnemar") or {}).get("p")),
+                             _num(100 * m["identical_fraction"], 1) if m.get("identical_fraction") is not None
+                             else "-"])
+                data.append({"drafter": run.label, "arm": arm, "kind": kind, "T": run.temperature, "dataset": ds,
+                             **{k: m.get(k) for k in ("n", "tau_pooled", "tau_pooled_ci", "tau_per_request",
+                                                       "tau_per_request_ci", "speedup", "speedup_ci", "accuracy",
+                                                       "accuracy_ci", "identical_fraction")},
+                             "mcnemar_p": (m.get("mcnemar") or {}).get("p")})
+    return header, rows, data
+
+
+def ratio_table(runs: list[ComparedRun], n: int, n_resamples: int, seed: int) -> tuple[list, list, list[dict]]:
+    """Pooled-tau ratios: every pair of drafters at the same T (order given), and each drafter over
+    its selector-off arm in the same run."""
+    header = ["ratio", "T", "common samples", "tau num", "tau den", "ratio [95% CI]", "CI excludes 1"]
+    pairs = []
+    for i, a in enumerate(runs):
+        pairs += [(a, "spec", b, "spec") for b in runs[i + 1:] if b.temperature == a.temperature]
+    pairs += [(a, "spec", a, "selector_off") for a in runs if _arm_at(a, "selector_off", n)]
+    rows, data = [], []
+    for a, ka, b, kb in pairs:
+        num, den = _by_sample(a, ka, n), _by_sample(b, kb, n)
+        if not num or not den:
+            continue
+        r = tau_ratio(num, den, n_resamples, seed)
+        name = f"{_variant(a.label, ka)} / {_variant(b.label, kb)}"
+        ci = r["ratio_ci"]
+        excl = "-" if not ci or not np.isfinite(ci[0]) else ("yes" if ci[0] > 1 or ci[1] < 1 else "no")
+        rows.append([name, f"{a.temperature:g}", str(r["n"]), _num(r["tau_num"], 3), _num(r["tau_den"], 3),
+                     _with_ci(r["ratio"], ci, 3), excl])
+        data.append({"name": name, "numerator": a.label, "denominator": _variant(b.label, kb), "T": a.temperature,
+                     "colour_of": a.label, **r})
+    return header, rows, data
+
+
+def position_table(runs: list[ComparedRun], n: int) -> tuple[list, list, list[dict]]:
+    """Conditional per-position acceptance at N = n per drafter arm and T."""
+    header = ["drafter", "T"] + [f"slot {i}" for i in range(1, n + 1)]
+    rows, data = [], []
+    for run in runs:
+        for kind in DRAFT_KINDS:
+            arm = _arm_at(run, kind, n)
+            if arm is None:
+                continue
+            cond = conditional_acceptance(run.summary["per_arm"][arm]["overall"]["per_position_acceptance"])
+            rows.append([_variant(run.label, kind), f"{run.temperature:g}"] + [_num(c, 3) for c in cond])
+            data.append({"drafter": run.label, "kind": kind, "T": run.temperature, "conditional": cond})
+    return header, rows, data
+
+
+def sweep_table(runs: list[ComparedRun]) -> tuple[list, list, list[dict]]:
+    """tau and speedup vs N for every run with two or more N, with the run's predicted speedup."""
+    header = ["drafter", "T", "N", "tau pooled [95% CI]", "speedup vs AR [95% CI]", "predicted speedup"]
+    rows, data = [], []
+    for run in runs:
+        if len(run.spec_ns) < 2:
+            continue
+        for n in run.spec_ns:
+            arm = _arm_at(run, "spec", n)
+            o = run.summary["per_arm"][arm]["overall"]
+            pred = run.predictions.get(arm)
+            rows.append([run.label, f"{run.temperature:g}", str(n), _with_ci(o.get("tau_pooled"), o.get("tau_pooled_ci")),
+                         _with_ci(o.get("speedup"), o.get("speedup_ci")), _num(pred)])
+            data.append({"drafter": run.label, "T": run.temperature, "N": n, "tau": o.get("tau_pooled"),
+                         "tau_ci": o.get("tau_pooled_ci"), "speedup": o.get("speedup"),
+                         "speedup_ci": o.get("speedup_ci"), "predicted": pred})
+    return header, rows, data
+
+
+def training_table(train: dict[str, Path]) -> tuple[list, list, dict[str, list[dict]], list]:
+    """Final training values per drafter, the per-step rows, and the checkpoint SHA-256 rows."""
+    metrics = {name: read_training_metrics(d) for name, d in train.items()}
+    evals = sorted({k for rows in metrics.values() for r in rows for k in r if k.startswith("eval/")})
+    header = ["drafter", "steps"] + [f"final {k}" for k in TRAIN_KEYS + tuple(evals)]
+    rows, shas = [], []
+    for name, rs in metrics.items():
+        steps = [r for r in rs if "loss" in r]
+        last = lambda k: next((r[k] for r in reversed(rs) if isinstance(r.get(k), (int, float))), None)  # noqa: E731
+        rows.append([name, str(steps[-1]["step"]) if steps else "-"]
+                    + [_num(last(k), 4 if k.startswith("loss") else 3) for k in TRAIN_KEYS + tuple(evals)])
+        for f in sorted((train[name] / "final").glob("*.safetensors")):
+            shas.append([name, f.name, _sha256(f)])
+    return header, rows, metrics, shas
+
+
+# ------------------------------------------------------------------ figures
+
+
+def arm_colours(names: Sequence[str]) -> dict[str, str]:
+    """One colour per drafter name, used by every figure of a comparison: dflash2, conv_only and v1
+    always get the same colours; other names take the next unused palette colours in sorted order."""
+    out = {n: KNOWN_COLOURS[n] for n in names if n in KNOWN_COLOURS}
+    free = [c for c in PALETTE if c not in out.values()]
+    for i, n in enumerate(sorted(set(names) - set(out))):
+        out[n] = free[i % len(free)]
+    return out
+
+
+def _style(kind: str) -> dict:
+    return {"linestyle": "-" if kind == "spec" else "--", "marker": "o" if kind == "spec" else "s"}
+
+
+def _errs(vals: list, cis: list):
+    if any(c is None or c[0] is None for c in cis):
+        return None
+    return [[v - c[0] for v, c in zip(vals, cis)], [c[1] - v for v, c in zip(vals, cis)]]
+
+
+def _temps_axes(plt, temps: list[float], title: str, width: float = 5.0):
+    fig, axes = plt.subplots(1, max(len(temps), 1), figsize=(width * max(len(temps), 1), 4.0), dpi=100,
+                             squeeze=False)
+    fig.suptitle(title)
+    return fig, dict(zip(temps, axes[0]))
+
+
+def _integer_ticks(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _figures(arms: list[dict], ratios: list[dict], positions: list[dict], sweep: list[dict],
+             metrics: dict[str, list[dict]], colours: dict[str, str], n: int, out: Path) -> dict[str, Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = {}
+    temps = sorted({a["T"] for a in arms})
+    fig, axes = _temps_axes(plt, temps, f"pooled tau at N={n} (95% CI, incl. bonus)")
+    for t, ax in axes.items():
+        pts = [a for a in arms if a["T"] == t and a["dataset"] == "all"]
+        for x, a in enumerate(pts):
+            ax.errorbar([x], [a["tau_pooled"]], yerr=_errs([a["tau_pooled"]], [a["tau_pooled_ci"]]), capsize=4,
+                        color=colours[a["drafter"]], **{**_style(a["kind"]), "linestyle": "none"})
+        ax.set_xticks(range(len(pts)), [_variant(a["drafter"], a["kind"]) for a in pts], rotation=20, fontsize=8)
+        ax.set_title(f"T={t:g}")
+        ax.set_ylabel("tau pooled")
+        ax.grid(alpha=0.3, axis="y")
+    figs["tau"] = fig
+
+    fig, ax = plt.subplots(figsize=(7.0, 0.35 * max(len(ratios), 3) + 1.2), dpi=100)
+    for y, r in enumerate(reversed(ratios)):
+        if r["ratio"] is not None:
+            ci = r["ratio_ci"]
+            xerr = [[r["ratio"] - ci[0]], [ci[1] - r["ratio"]]] if ci and np.isfinite(ci[0]) else None
+            ax.errorbar([r["ratio"]], [y], xerr=xerr, capsize=3, marker="o", color=colours[r["colour_of"]])
+    ax.set_yticks(range(len(ratios)), [f"{r['name']}, T={r['T']:g}" for r in reversed(ratios)], fontsize=8)
+    ax.axvline(1.0, color="grey", linestyle=":")
+    ax.set_xlabel("ratio of pooled tau (paired bootstrap 95% CI); colour: numerator")
+    ax.grid(alpha=0.3, axis="x")
+    figs["tau_ratio"] = fig
+
+    fig, axes = _temps_axes(plt, temps, f"conditional per-position acceptance, N={n}")
+    for t, ax in axes.items():
+        for p in positions:
+            if p["T"] == t:
+                pos = [i for i, c in enumerate(p["conditional"], start=1) if c is not None]
+                ax.plot(pos, [p["conditional"][i - 1] for i in pos], color=colours[p["drafter"]],
+                        label=_variant(p["drafter"], p["kind"]), **_style(p["kind"]))
+        ax.set(title=f"T={t:g}", xlabel="draft slot i", ylabel="P(slot i accepted | slots < i accepted)",
+               ylim=(0, 1.02))
+        ax.set_xticks(range(1, n + 1))
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=8)
+    figs["per_position"] = fig
+
+    if sweep:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.4, 4.0), dpi=100)
+        for key in sorted({(p["drafter"], p["T"]) for p in sweep}):
+            pts = sorted((p for p in sweep if (p["drafter"], p["T"]) == key), key=lambda p: p["N"])
+            c, lab = colours[key[0]], f"{key[0]}, T={key[1]:g}"
+            for ax, k in ((a1, "tau"), (a2, "speedup")):
+                ok = [p for p in pts if p[k] is not None]
+                ax.errorbar([p["N"] for p in ok], [p[k] for p in ok], yerr=_errs([p[k] for p in ok],
+                            [p[f"{k}_ci"] for p in ok]), color=c, marker="o", capsize=3, label=lab)
+            pred = [p for p in pts if p["predicted"] is not None]
+            if pred:
+                a2.plot([p["N"] for p in pred], [p["predicted"] for p in pred], color=c, linestyle=":", marker="^",
+                        label=f"{lab}, cost model")
+        a2.axhline(1.0, color="grey", linestyle=":")
+        for ax, lab in ((a1, "tau pooled (incl. bonus)"), (a2, "speedup vs AR (wall time)")):
+            ax.set(xlabel="num_speculative_tokens N", ylabel=lab)
+            _integer_ticks(ax)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle("N sweep (95% CIs)")
+        figs["sweep"] = fig
+
+    if metrics:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.4, 4.0), dpi=100)
+        for name, rows in metrics.items():
+            for ax, key, ls in ((a1, "loss", "-"), (a2, "tau_proxy", "-"), (a2, "eval/tau_real", ":")):
+                pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+                if pts:
+                    ax.plot(*zip(*pts), color=colours[name], linestyle=ls, marker="." if len(pts) < 50 else None,
+                            label=f"{name} {key}")
+        for ax, title in ((a1, "training loss"), (a2, "tau proxy (train) and held-out engine tau")):
+            ax.set(xlabel="optimizer step", title=title)
+            _integer_ticks(ax)
+            ax.grid(alpha=0.3)
+            if ax.has_data():
+                ax.legend(fontsize=8)
+        figs["training"] = fig
+
+    paths = {}
+    out.mkdir(parents=True, exist_ok=True)
+    for name, fig in figs.items():
+        fig.tight_layout()
+        paths[name] = out / f"{name}.png"
+        fig.savefig(paths[name], format="png")
+        plt.close(fig)
+    return paths
+
+
+# ------------------------------------------------------------------ the comparison
+
+
+def _common_n(runs: list[ComparedRun]) -> int:
+    common = set.intersection(*(set(r.spec_ns) for r in runs))
+    if not common:
+        raise ValueError("the compared runs share no num_speculative_tokens: "
+                         + "; ".join(f"{r.path} has {list(r.spec_ns)}" for r in runs) + " (pass --n)")
+    return max(common)
+
+
+def compare_runs(runs: Sequence[str | Path], out_dir: str | Path, *, sweeps: Sequence[str | Path] = (),
+                 train: Sequence[str | Path] | None = None, n: int | None = None, n_resamples: int = 2000,
+                 seed: int = 0) -> dict:
+    """Compare evaluation runs and write `out_dir/compare.md`, `compare.json` and `figures/*.png`.
+
+    Args:
+        runs: eval run directories (`DIR` or `NAME=DIR`), one drafter per run; each (drafter, T)
+            at most once. Tables list dflash2, conv_only, v1 first, then the others as given.
+        sweeps: more eval runs used only for the N sweep (e.g. one drafter at many N).
+        train: distillation run directories (`DIR` or `NAME=DIR`) for the training table and
+            curves; None = those that wrote the compared checkpoints (found from the records).
+        n: num_speculative_tokens of the compared arms; None = the largest N every run has.
+        n_resamples, seed: bootstrap settings for every CI.
+    Returns:
+        {"markdown", "json", "figures": {name: path}, "n", "arms", "ratios", "positions", "sweep",
+        "training"} with the numbers of the tables (JSON-ready).
+    Raises:
+        FileNotFoundError / ValueError with one line naming the run when a run is missing,
+        empty, duplicated, or the runs share no N.
+    """
+    if not runs:
+        raise ValueError("--compare needs at least one run directory")
+    compared = [r for spec in runs for r in load_run(spec, n_resamples=n_resamples, seed=seed)]
+    order: dict[str, int] = {}
+    for name in list(KNOWN_COLOURS) + [r.label for r in compared]:
+        order.setdefault(name, len(order))
+    compared.sort(key=lambda r: (order[r.label], r.temperature))  # dflash2, conv_only, v1, then as given
+    seen: dict[tuple, Path] = {}
+    for r in compared:
+        if (r.label, r.temperature) in seen:
+            raise ValueError(f"two runs of drafter {r.label!r} at T={r.temperature:g}: {seen[r.label, r.temperature]} "
+                             f"and {r.path}; compare one of them, or name them NAME=DIR")
+        seen[r.label, r.temperature] = r.path
+    n = _common_n(compared) if n is None else int(n)
+    if n < 1 or not any(n in r.spec_ns for r in compared):
+        raise ValueError(f"--n {n}: no compared run has a drafter arm at N={n}")
+    sweep_runs = compared + [r for spec in sweeps for r in load_run(spec, n_resamples=n_resamples, seed=seed)]
+    if train is None:
+        train_dirs = {r.label: r.train_dir for r in compared if r.train_dir is not None}
+    else:
+        train_dirs = {}
+        for spec in train:
+            name, path = _named(spec)
+            if not path.is_dir():
+                raise FileNotFoundError(f"--train {path}: not a directory")
+            train_dirs[name or path.name] = path
+    colours = arm_colours([r.label for r in sweep_runs] + list(train_dirs))
+
+    out = Path(out_dir)
+    a_head, a_rows, arms = arms_table(compared, n)
+    r_head, r_rows, ratios = ratio_table(compared, n, n_resamples, seed)
+    p_head, p_rows, positions = position_table(compared, n)
+    s_head, s_rows, sweep = sweep_table(sweep_runs)
+    t_head, t_rows, metrics, shas = training_table(train_dirs)
+    figs = _figures(arms, ratios, positions, sweep, {k: v for k, v in metrics.items() if v}, colours, n,
+                    out / "figures")
+    rel = lambda p: Path(os.path.relpath(p, out)).as_posix()  # noqa: E731
+    md = ["<!-- written by dflash2.evaluation.compare (python eval/report.py --compare) -->",
+          "# Comparison of drafters", "",
+          "Runs: " + ", ".join(f"`{r.label}` T={r.temperature:g} (`{r.path}`)" for r in compared) + ".", "",
+          f"tau includes the bonus token: pooled = sum(accepted + 1) / steps, per request = mean of each sample's "
+          f"mean(accepted + 1). 95% percentile bootstrap CIs over samples ({n_resamples} resamples, seed {seed}); "
+          "speedup CIs resample the timed generation batches; accuracy: Wilson. Every number is recomputed "
+          "from the runs' records.jsonl.", "",
+          f"## Drafters at N={n}", "", markdown_table(a_head, a_rows), "", f"![tau]({rel(figs['tau'])})", "",
+          "## tau ratios (paired over common samples)", "", markdown_table(r_head, r_rows), "",
+          f"![tau ratios]({rel(figs['tau_ratio'])})", "",
+          "## Conditional per-position acceptance", "", markdown_table(p_head, p_rows), "",
+          f"![per-position acceptance]({rel(figs['per_position'])})", ""]
+    if sweep:
+        md += ["## N sweep", "", markdown_table(s_head, s_rows), "", f"![N sweep]({rel(figs['sweep'])})", ""]
+    if train_dirs:
+        md += ["## Training", "", markdown_table(t_head, t_rows), ""]
+        md += ([markdown_table(["drafter", "file", "SHA-256"], shas), ""] if shas else [])
+        md += [f"![training curves]({rel(figs['training'])})", ""] if "training" in figs else []
+    (out / "compare.md").write_text("\n".join(md))
+    result = {"n": n, "arms": arms, "ratios": ratios, "positions": positions, "sweep": sweep,
+              "training": {k: {"dir": str(train_dirs[k]), "rows": len(v)} for k, v in metrics.items()},
+              "checkpoints": [{"drafter": d, "file": f, "sha256": h} for d, f, h in shas],
+              "colours": colours}
+    (out / "compare.json").write_text(json.dumps(to_jsonable(result), indent=2))
+    return {**result, "markdown": out / "compare.md", "json": out / "compare.json", "figures": figs}
