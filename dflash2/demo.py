@@ -38,7 +38,7 @@ def _run(cmd: list[str]) -> None:
 
 def _ci(block: dict, key: str) -> str:
     """`value [low, high]` of `key` in a summary block, with the report's formatting."""
-    from dflash2.evaluation.report import _ci as value_with_ci
+    from dflash2.evaluation.report import fmt_ci as value_with_ci
 
     return value_with_ci(block.get(key), block.get(f"{key}_ci"), digits=3)
 

@@ -6,7 +6,7 @@ vs DFlash v1, or any set of drafters evaluated with `eval/run.py`).
 
 Public: `compare_runs(runs, out_dir, ...)` (writes `out_dir/compare.md`, `compare.json` and
 `figures/*.png`, returns what it wrote and the numbers), `load_run(spec)`, `tau_ratio(num, den)`,
-`conditional_acceptance(u)`, `arm_colours(names)`.
+`conditional_acceptance(u)`, `drafter_colours(names)`.
 
 What is compared. Each RUN is an `eval/run.py` output directory (its `records.jsonl`), named by
 the drafter it evaluated: `NAME=DIR` when given, else the distillation run that wrote its
@@ -28,7 +28,7 @@ the cost model's predicted speedups are read from a run's `summary.json`.
 - **Training**: final loss / tau proxies and held-out values from the distillation run's
   `metrics.jsonl`, and the SHA-256 of each final checkpoint file.
 
-Figures give each drafter one colour in every plot (`arm_colours`) and its own name; a
+Figures give each drafter one colour in every plot (`drafter_colours`) and its own name; a
 drafter's selector-off arm keeps the colour with a dashed line. Integer axes (N, slot) have
 integer ticks.
 """
@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash2.evaluation import stats
+from dflash2.evaluation.records import read_run_records
 from dflash2.jsonl import read_jsonl, to_jsonable
 
 DRAFT_KINDS = ("spec", "selector_off")  # the record `arm_kind`s that run a checkpoint
@@ -57,19 +58,6 @@ PALETTE = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7
 # The only two functions that read run files. Records are today's dicts (dflash2.jsonl); when
 # dflash2.evaluation.records lands, these two switch to it (Record objects -> `dataclasses.asdict`)
 # and its dedupe rule, and nothing else here changes.
-
-
-def read_run_records(run_dir: Path) -> list[dict]:
-    """The records of one `eval/run.py` directory, one per (arm, temperature, sample_id): a later
-    record of the same key replaces an earlier one (the rule of `stats.summarize`). Raises
-    FileNotFoundError / ValueError naming the directory when it has no records."""
-    path = Path(run_dir) / "records.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: no records.jsonl; pass directories that eval/run.py wrote")
-    latest = {(r["arm"], float(r["temperature"]), r["sample_id"]): r for r in read_jsonl(path)}
-    if not latest:
-        raise ValueError(f"{path} holds no records")
-    return list(latest.values())
 
 
 def read_training_metrics(train_dir: Path) -> list[dict]:
@@ -344,7 +332,7 @@ def training_table(train: dict[str, Path]) -> tuple[list, list, dict[str, list[d
 # ------------------------------------------------------------------ figures
 
 
-def arm_colours(names: Sequence[str]) -> dict[str, str]:
+def drafter_colours(names: Sequence[str]) -> dict[str, str]:
     """One colour per drafter name, used by every figure of a comparison: dflash2, conv_only and v1
     always get the same colours; other names take the next unused palette colours in sorted order."""
     out = {n: KNOWN_COLOURS[n] for n in names if n in KNOWN_COLOURS}
@@ -530,7 +518,7 @@ def compare_runs(runs: Sequence[str | Path], out_dir: str | Path, *, sweeps: Seq
             if not path.is_dir():
                 raise FileNotFoundError(f"--train {path}: not a directory")
             train_dirs[name or path.name] = path
-    colours = arm_colours([r.label for r in sweep_runs] + list(train_dirs))
+    colours = drafter_colours([r.label for r in sweep_runs] + list(train_dirs))
 
     out = Path(out_dir)
     a_head, a_rows, arms = arms_table(compared, n)

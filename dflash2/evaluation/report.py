@@ -40,7 +40,6 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from dflash2.evaluation.stats import arm_family  # noqa: E402
 
 # scripts/ablation_report.py reads its runs' JSONL through this name; the one rule is dflash2.jsonl's.
-from dflash2.jsonl import read_jsonl  # noqa: E402,F401
 
 # ------------------------------------------------------------------------------ formatting
 
@@ -78,7 +77,6 @@ def fmt_pct(v: Any, ci: Any = None) -> str:
 
 
 # The names scripts/ablation_report.py imports (until dflash2/evaluation/compare.py replaces it).
-_f, _ci, _p, _pct = fmt_value, fmt_ci, fmt_p, fmt_pct
 
 
 COLUMNS = ["arm", "N", "n", "tau pooled [95% CI]", "tau per-request [95% CI]", "speedup [95% CI]", "tok/s",
@@ -349,7 +347,6 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
                       *("| " + " | ".join(map(esc, r)) + " |" for r in rows)])
 
 
-_md_table = md_table  # the name scripts/ablation_report.py imports
 
 
 def _html_table(header: list[str], rows: list[list[str]]) -> str:

@@ -161,8 +161,8 @@ def test_figures_are_pngs_and_every_drafter_keeps_one_colour(built):
         with Image.open(path) as im:
             assert im.format == "PNG" and im.size[0] > 300
         assert f"](figures/{path.name})" in md
-    assert built["colours"] == compare.arm_colours(["dflash2", "conv_only", "v1"])
-    a, b = compare.arm_colours(["v1", "zeta", "alpha"]), compare.arm_colours(["alpha", "zeta", "dflash2", "v1"])
+    assert built["colours"] == compare.drafter_colours(["dflash2", "conv_only", "v1"])
+    a, b = compare.drafter_colours(["v1", "zeta", "alpha"]), compare.drafter_colours(["alpha", "zeta", "dflash2", "v1"])
     assert a["v1"] == b["v1"] == compare.KNOWN_COLOURS["v1"] and a["alpha"] == b["alpha"] and a["zeta"] == b["zeta"]
     assert len(set(b.values())) == 4
 
@@ -173,7 +173,7 @@ def test_names_duplicates_and_bad_runs_are_refused_with_the_run(ablation, tmp_pa
     assert compare.load_run(f"baseline={run}")[0].label == "baseline"
     with pytest.raises(ValueError, match="two runs of drafter 'v1' at T=0"):
         compare.compare_runs([run, run], tmp_path / "a", n_resamples=10)
-    with pytest.raises(FileNotFoundError, match="nope: no records.jsonl"):
+    with pytest.raises(FileNotFoundError, match="nope.records.jsonl does not exist"):
         compare.compare_runs([root / "nope"], tmp_path / "b")
     with pytest.raises(ValueError, match="no compared run has a drafter arm at N=3"):
         compare.compare_runs([run], tmp_path / "c", n=3, n_resamples=10)
@@ -193,5 +193,5 @@ def test_cli_refuses_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "eval" / "report.py"), "--compare", str(tmp_path / "nope"),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"eval/report.py --compare: {tmp_path / 'nope'}: no records.jsonl; "
-                                                "pass directories that eval/run.py wrote"]
+    assert proc.stderr.strip().splitlines() == [f"eval/report.py --compare: {tmp_path / 'nope' / 'records.jsonl'} does not exist; "
+                                                "pass a run directory that eval/run.py wrote"]
