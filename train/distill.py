@@ -6,28 +6,34 @@
     python train/distill.py ... output_dir=DIR resume=true                # continue a killed run
     accelerate launch --num_processes 8 train/distill.py experiment=qwen3_8b output_dir=DIR
 
-Writes DIR/metrics.jsonl, DIR/checkpoints/step_<n>/ and the z-lab-format export DIR/final/.
+Every config value is checked before any work; a refused run writes nothing and exits with
+status 2 after one `error: ...` line (`DFLASH2_DEBUG=1` adds the traceback; see
+`dflash2.entrypoint`). Writes DIR/.hydra/config.yaml (the resolved config), DIR/metrics.jsonl,
+DIR/checkpoints/step_<n>/ and the z-lab-format export DIR/final/, then prints a summary
+(final loss and tau_proxy, held-out engine tau, where the files are). `resume=true` says which
+checkpoint it continues from, or that none was usable. `DFLASH2_KILL_AT` is a test hook
+(`dflash2.killpoints`).
 """
 
-import sys
-from pathlib import Path
+import hydra
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a fresh clone without install
-
-import hydra  # noqa: E402
-
-from dflash2.training.config import register_distill_schema  # noqa: E402
+from dflash2 import killpoints
+from dflash2.entrypoint import is_main_process, run_entry, user_errors
+from dflash2.training.config import register_distill_schema
 
 register_distill_schema()
 
 
 @hydra.main(config_path="../configs/distill", config_name="distill", version_base=None)
+@user_errors
 def main(cfg) -> None:
-    from dflash2.training.run import run_distill
+    from dflash2.training.run import distill_summary, run_distill
 
     final = run_distill(cfg)
-    print(f"final checkpoint: {final}")
+    if is_main_process():
+        print(distill_summary(final.parent), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    killpoints.arm_from_env()
+    run_entry(main)
