@@ -187,3 +187,9 @@ def test_resume_message_names_the_checkpoint_or_its_absence(tmp_path):
     assert f"skipped {ckpts / 'step_6'} (incomplete (no COMPLETE, trainer_state.pt))" in text
     assert text.endswith(f"no usable checkpoint in {ckpts}: starting at step 0")
     assert resume_message(tmp_path, ckpts / "step_2").endswith(f"continuing from step 2 ({ckpts / 'step_2'})")
+
+
+def test_entry_scripts_do_not_edit_sys_path():
+    """The package is installed (`make install`): the entry scripts import it like any user code."""
+    scripts = sorted((ROOT / "train").glob("*.py")) + sorted((ROOT / "eval").glob("*.py"))
+    assert scripts and [p.name for p in scripts if "sys.path" in p.read_text()] == []
