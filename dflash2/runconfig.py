@@ -387,9 +387,10 @@ def stop_token_ids(tokenizer) -> list[int]:
 HYDRA_RUN_FILES = {".hydra", "multirun.yaml"}
 
 
-def prepare_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str | None = None) -> Path:
-    """Create `path` (or accept it for `resume`). A directory holding anything but Hydra's own
-    run files is refused without `resume=true`, so a run never overwrites earlier results."""
+def check_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str | None = None) -> Path:
+    """The output-directory rule, read-only: raises `FileExistsError` for a file, or for a
+    directory holding anything but Hydra's own run files without `resume=true`. Every process of
+    a launch can call it before any of them writes."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"output_dir={out} exists and is a file; choose a directory")
@@ -400,6 +401,13 @@ def prepare_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str |
             raise FileExistsError(
                 f"output_dir={out} is not empty ({', '.join(leftovers[:5])}{' ...' if len(leftovers) > 5 else ''}); "
                 "pass resume=true to continue that run, or choose a new output_dir")
+    return out
+
+
+def prepare_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str | None = None) -> Path:
+    """Create `path` (or accept it for `resume`) after `check_output_dir`'s rule, so a run never
+    overwrites earlier results; raises `PermissionError` when it cannot be written."""
+    out = check_output_dir(path, resume, job_name=job_name)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write_test"

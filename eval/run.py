@@ -84,13 +84,14 @@ def eval_summary(out_dir: Path) -> str:
 def main(cfg) -> None:
     from dflash2.entrypoint import is_main_process, write_run_config
     from dflash2.evaluation.sharding import run_eval
-    from dflash2.runconfig import prepare_output_dir
+    from dflash2.runconfig import check_output_dir, prepare_output_dir
 
     obj = checked(cfg)
     hc = HydraConfig.get()
     # Run mode: output_dir itself (Hydra's run dir is `.`, so it creates nothing). Multirun:
     # each grid point gets its own subdir of the sweep directory.
     run_dir = hc.runtime.output_dir if hc.mode == RunMode.MULTIRUN else obj.output_dir
+    check_output_dir(run_dir, bool(obj.resume), job_name=hc.job.name)   # every process, before any writes
     if is_main_process():   # rank 0 prepares the directory; run_eval's own check then passes
         write_run_config(prepare_output_dir(run_dir, bool(obj.resume), job_name=hc.job.name), cfg)
     out = run_eval(cfg, run_dir, job_name=hc.job.name)

@@ -45,17 +45,17 @@ def run_distill(cfg) -> Path:
     from accelerate import Accelerator
 
     from dflash2.entrypoint import write_run_config
-    from dflash2.runconfig import load_target, prepare_output_dir, resolve_device
+    from dflash2.runconfig import check_output_dir, load_target, prepare_output_dir, resolve_device
     from dflash2.training.data import build_training_data
     from dflash2.training.regenerate import regenerate
     from dflash2.training.trainer import Distiller
 
     raw = cfg
     cfg = checked_config(cfg)
+    out = check_output_dir(cfg.output_dir, cfg.resume, job_name="distill")   # every process, before any writes
     device = resolve_device(cfg.hardware)
     mp = cfg.hardware.mixed_precision if device.type == "cuda" else "no"
     acc = Accelerator(cpu=device.type == "cpu", mixed_precision=mp)
-    out = Path(cfg.output_dir)
     if acc.is_main_process:
         prepare_output_dir(out, cfg.resume, job_name="distill")
         write_run_config(out, raw)
