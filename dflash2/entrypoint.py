@@ -150,7 +150,7 @@ def user_message(exc: BaseException) -> str | None:
     User errors: `UserError`; Hydra's composition and override errors and OmegaConf's
     validation errors (named by their full key, without Hydra's `+key` hint, which the
     unknown-key check refuses anyway); `FileNotFoundError` / `FileExistsError` /
-    `PermissionError`; a training run that diverged.
+    `PermissionError` (a training run that diverged raises a `UserError`).
     """
     from omegaconf.errors import OmegaConfBaseException
 
@@ -158,9 +158,7 @@ def user_message(exc: BaseException) -> str | None:
         from hydra.errors import HydraException
     except ImportError:   # pragma: no cover - hydra is a dependency
         HydraException = ()  # type: ignore[assignment]
-    from dflash2.training.trainer import TrainingDivergedError
-
-    if isinstance(exc, (UserError, FileNotFoundError, FileExistsError, PermissionError, TrainingDivergedError)):
+    if isinstance(exc, (UserError, FileNotFoundError, FileExistsError, PermissionError)):
         return _one_line(str(exc))
     if isinstance(exc, OmegaConfBaseException):
         return _omegaconf_line(exc)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from dflash2.entrypoint import UserError
 from dflash2.training.data import TrainingData, collate
 from dflash2.training.layout import anchor_seed, build_layout, dense_mask, flex_block_mask, sample_anchors
 from dflash2.training.losses import DistillObjective, summarize_stats
@@ -41,8 +42,9 @@ from dflash2.training.target_cache import TargetPassCache
 from dflash2.training import state as st
 
 
-class TrainingDivergedError(RuntimeError):
-    """A loss part or the gradient became NaN/inf; the message names the step and the part."""
+class TrainingDivergedError(UserError, RuntimeError):
+    """A loss part or the gradient became NaN/inf; the message names the step, the part and the
+    fix (the entry points print it as one line)."""
 
 
 def resume_message(out_dir: Path, ckpt: Path | None) -> str:
