@@ -5,14 +5,16 @@
     python train/distill.py experiment=qwen3_8b output_dir=DIR data.regenerated=REGEN.jsonl
     python train/distill.py ... output_dir=DIR resume=true                # continue a killed run
     accelerate launch --num_processes 8 train/distill.py experiment=qwen3_8b output_dir=DIR
+    python train/distill.py -m ... train.lr=1e-3,3e-3 output_dir=DIR       # grid: DIR/0, DIR/1, ...
 
 Every config value is checked before any work; a refused run writes nothing and exits with
 status 2 after one `error: ...` line (`DFLASH2_DEBUG=1` adds the traceback; see
 `dflash2.entrypoint`). Writes DIR/.hydra/config.yaml (the resolved config), DIR/metrics.jsonl,
 DIR/checkpoints/step_<n>/ and the z-lab-format export DIR/final/, then prints a summary
 (final loss and tau_proxy, held-out engine tau, where the files are). `resume=true` says which
-checkpoint it continues from, or that none was usable. `DFLASH2_KILL_AT` is a test hook
-(`dflash2.killpoints`).
+checkpoint it continues from, or that none was usable. Under `-m`, Hydra creates the sweep
+directory (with its `multirun.yaml`) and each point's subdir before the checks, and each point
+trains in its subdir. `DFLASH2_KILL_AT` is a test hook (`dflash2.killpoints`).
 """
 
 import hydra
@@ -27,8 +29,14 @@ register_distill_schema()
 @hydra.main(config_path="../configs/distill", config_name="distill", version_base=None)
 @user_errors
 def main(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from dflash2.training.run import distill_summary, run_distill
 
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:   # -m: each grid point trains in its own subdir of the sweep dir
+        cfg.output_dir = hc.runtime.output_dir
     final = run_distill(cfg)
     if is_main_process():
         print(distill_summary(final.parent), flush=True)
