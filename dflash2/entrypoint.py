@@ -47,13 +47,16 @@ class ConfigError(UserError, ValueError):
 
 @contextlib.contextmanager
 def config_checks() -> Iterator[None]:
-    """Run config checks: a `ValueError` or `TypeError` raised inside becomes a `ConfigError`
-    with the same message (the checks of the schemas raise plain `ValueError`s)."""
+    """Run config checks: a `ValueError` raised inside becomes a `ConfigError` with the same
+    message (the checks of the schemas raise plain `ValueError`s); OmegaConf's own errors pass
+    through untouched (`user_message` names their full key)."""
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         yield
-    except UserError:
+    except (UserError, OmegaConfBaseException):
         raise
-    except (ValueError, TypeError) as e:
+    except ValueError as e:
         raise ConfigError(str(e)) from e
 
 
@@ -113,10 +116,11 @@ def write_run_config(out_dir: str | os.PathLike, cfg) -> Path | None:
         return None
     hydra_dir.mkdir(parents=True, exist_ok=True)
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
-    files = {"config.yaml": OmegaConf.to_yaml(node, resolve=True)}
+    files = {}
     overrides = _hydra_overrides()
     if overrides is not None:
         files["overrides.yaml"] = OmegaConf.to_yaml(OmegaConf.create(overrides))
+    files["config.yaml"] = OmegaConf.to_yaml(node, resolve=True)   # last: its presence means "recorded"
     for name, text in files.items():
         tmp = hydra_dir / f".{name}.tmp"
         tmp.write_text(text)
