@@ -20,7 +20,7 @@ trains in its subdir. `DFLASH2_KILL_AT` is a test hook (`dflash2.killpoints`).
 import hydra
 
 from dflash2 import killpoints
-from dflash2.entrypoint import is_main_process, run_entry, user_errors
+from dflash2.entrypoint import config_checks, is_main_process, run_entry, user_errors
 from dflash2.training.config import register_distill_schema
 
 register_distill_schema()
@@ -34,6 +34,8 @@ def main(cfg) -> None:
 
     from dflash2.training.run import distill_summary, run_distill
 
+    with config_checks():
+        killpoints.arm_from_env()   # the test hook, read once per run (unset: nothing armed)
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:   # -m: each grid point trains in its own subdir of the sweep dir
         cfg.output_dir = hc.runtime.output_dir
@@ -43,5 +45,4 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    killpoints.arm_from_env()
     run_entry(main)
