@@ -11,7 +11,8 @@ structured dataclasses here back the shared config groups under `configs/`:
 and the helpers both entry points need: loading the target and its tokenizer, building a new
 draft shaped for a target, the prompt format (chat template, thinking flag, system prompt,
 few-shot) with its hash, chat encoding, and the output-directory rule (a non-empty directory
-needs `resume=true`; Hydra's own run files do not count).
+needs `resume=true`; Hydra's own run files do not count), and the range checks of the shared
+groups (`check_shared_specs`), which the entry points run before any work.
 """
 
 from __future__ import annotations
@@ -383,7 +384,8 @@ def stop_token_ids(tokenizer) -> list[int]:
 
 # ---------------------------------------------------------------------------------- output dir
 
-# Written by Hydra into the run directory before our code runs: never "previous results".
+# A run's recorded config (`.hydra/`, written by the entry point after its checks) and Hydra's
+# sweep file (`multirun.yaml`, written by Hydra under -m before any check): never "previous results".
 HYDRA_RUN_FILES = {".hydra", "multirun.yaml"}
 
 
