@@ -255,3 +255,22 @@ def run_entry(main: Callable[[], object]) -> None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = saved
+
+
+def resume_note(job: str, out_dir: str | os.PathLike, patterns: tuple[str, ...]) -> str:
+    """What a `resume=true` run of `job` finds in `out_dir`: the rows already in each JSONL file
+    matching `patterns` (kept, not redone), or that there is nothing to resume."""
+    import warnings
+
+    from dflash2.jsonl import read_jsonl
+
+    out = Path(out_dir)
+    found = []
+    for pattern in patterns:
+        for path in sorted(out.glob(pattern)):
+            with warnings.catch_warnings():   # a torn last line is reported when the run repairs it
+                warnings.simplefilter("ignore")
+                found.append(f"{len(read_jsonl(path))} rows in {path}")
+    if not found:
+        return f"[{job}] resume: nothing to resume in {out}: starting from the beginning"
+    return f"[{job}] resume: continuing after " + ", ".join(found)

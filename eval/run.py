@@ -11,10 +11,10 @@ HumanEval and MT-Bench; records, statistics, a local report and W&B.
 Writes DIR/.hydra/config.yaml (the resolved config), DIR/run.json, DIR/records.jsonl (one line
 per arm and sample), DIR/summary.json, DIR/report.html and DIR/report.md, then prints a short
 summary read back from summary.json (tau per arm, outputs identical to AR, accuracy, where the
-report is). Every config value is checked before any work: a refused run writes nothing and
-exits with status 2 after one `error: ...` line (`DFLASH2_DEBUG=1` adds the traceback; see
-`dflash2.entrypoint`). Under `-m`, Hydra itself creates the sweep directory and its
-`multirun.yaml` before the checks.
+report is); `resume=true` first says how many records it keeps. Every config value is checked
+before any work: a refused run writes nothing and exits with status 2 after one `error: ...`
+line (`DFLASH2_DEBUG=1` adds the traceback; see `dflash2.entrypoint`). Under `-m`, Hydra itself
+creates the sweep directory and its `multirun.yaml` before the checks.
 
 Sharded (`accelerate launch --num_processes K`, K GPUs; on CPU `--multi_gpu` starts K gloo
 processes): item i goes to process i % K (both MT-Bench turns on one process), each process
@@ -82,7 +82,7 @@ def eval_summary(out_dir: Path) -> str:
 @hydra.main(config_path="../configs/eval", config_name="eval", version_base=None)
 @user_errors
 def main(cfg) -> None:
-    from dflash2.entrypoint import is_main_process, write_run_config
+    from dflash2.entrypoint import is_main_process, resume_note, write_run_config
     from dflash2.evaluation.sharding import run_eval
     from dflash2.runconfig import check_output_dir, prepare_output_dir
 
@@ -93,6 +93,8 @@ def main(cfg) -> None:
     run_dir = hc.runtime.output_dir if hc.mode == RunMode.MULTIRUN else obj.output_dir
     check_output_dir(run_dir, bool(obj.resume), job_name=hc.job.name)   # every process, before any writes
     if is_main_process():   # rank 0 prepares the directory; run_eval's own check then passes
+        if obj.resume:
+            print(resume_note("eval", run_dir, ("records.jsonl", "shards/*.jsonl")), flush=True)
         write_run_config(prepare_output_dir(run_dir, bool(obj.resume), job_name=hc.job.name), cfg)
     out = run_eval(cfg, run_dir, job_name=hc.job.name)
     if out is None:  # a sharded run's other processes: rank 0 merges and reports

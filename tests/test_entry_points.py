@@ -193,3 +193,17 @@ def test_entry_scripts_do_not_edit_sys_path():
     """The package is installed (`make install`): the entry scripts import it like any user code."""
     scripts = sorted((ROOT / "train").glob("*.py")) + sorted((ROOT / "eval").glob("*.py"))
     assert scripts and [p.name for p in scripts if "sys.path" in p.read_text()] == []
+
+
+def test_resume_note_counts_the_rows_kept(tmp_path):
+    from dflash2.entrypoint import resume_note
+    from dflash2.jsonl import append_jsonl
+
+    assert resume_note("eval", tmp_path, ("records.jsonl",)) == (
+        f"[eval] resume: nothing to resume in {tmp_path}: starting from the beginning")
+    append_jsonl(tmp_path / "records.jsonl", [{"a": 1}, {"a": 2}])
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "records.rank1.jsonl").write_text('{"a": 3}\n{"a": ')   # a torn last line
+    assert resume_note("eval", tmp_path, ("records.jsonl", "shards/*.jsonl")) == (
+        f"[eval] resume: continuing after 2 rows in {tmp_path / 'records.jsonl'}, "
+        f"1 rows in {tmp_path / 'shards' / 'records.rank1.jsonl'}")

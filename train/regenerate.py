@@ -40,11 +40,13 @@ def checked(cfg):
 @hydra.main(config_path="../configs/distill", config_name="regenerate", version_base=None)
 @user_errors
 def main(cfg) -> None:
-    from dflash2.entrypoint import write_run_config
+    from dflash2.entrypoint import resume_note, write_run_config
     from dflash2.runconfig import prepare_output_dir
     from dflash2.training.regenerate import run_regenerate
 
     obj = checked(cfg)
+    if obj.resume:
+        print(resume_note("regenerate", obj.output_dir, ("regenerated.jsonl",)), flush=True)
     write_run_config(prepare_output_dir(obj.output_dir, obj.resume, job_name="regenerate"), cfg)
     run_regenerate(obj)
 
