@@ -207,3 +207,19 @@ def test_resume_note_counts_the_rows_kept(tmp_path):
     assert resume_note("eval", tmp_path, ("records.jsonl", "shards/*.jsonl")) == (
         f"[eval] resume: continuing after 2 rows in {tmp_path / 'records.jsonl'}, "
         f"1 rows in {tmp_path / 'shards' / 'records.rank1.jsonl'}")
+
+
+def test_kill_hook_is_off_unless_armed_and_refuses_a_malformed_value():
+    from dflash2 import killpoints
+
+    try:
+        assert killpoints.arm_from_env({}) is None
+        killpoints.reached("metrics_write", 1)                               # unarmed: returns
+        assert killpoints.arm_from_env({"DFLASH2_KILL_AT": "checkpoint_save@4"}) == ("checkpoint_save", 4)
+        killpoints.reached("checkpoint_save", 3)                             # another step: returns
+        killpoints.reached("metrics_write", 4)                               # another point: returns
+        for bad in ("bogus", "checkpoint_save", "metrics_write@x", "elsewhere@2"):
+            with pytest.raises(ValueError, match="DFLASH2_KILL_AT"):
+                killpoints.arm_from_env({"DFLASH2_KILL_AT": bad})
+    finally:
+        killpoints.arm_from_env({})

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from dflash2.jsonl import read_jsonl
 from dflash2.training.state import list_checkpoints
 
@@ -59,6 +61,7 @@ def _resumed_rows(out: Path, step: int) -> list[dict]:
     return [r for r in _rows(out) if r["step"] <= step]
 
 
+@pytest.mark.filterwarnings("ignore::dflash2.jsonl.TornLineWarning")   # reading the killed run's torn line is expected
 def test_killed_at_checkpoint_save_metrics_write_and_random_then_resumed(tmp_path):
     rng = random.Random(24)
     metrics_kill = rng.choice([3, 5])                 # a step past the first complete checkpoint
