@@ -241,7 +241,6 @@ class Distiller:
 
         self.start_step, resume_state = 0, None
         ckpt = st.latest_checkpoint(self.out_dir) if cfg.resume else None
-        self.resumed_from = ckpt
         if cfg.resume and accelerator.is_main_process:
             print(resume_message(self.out_dir, ckpt), flush=True)
         if ckpt is not None:   # full weights into the unsharded draft, on every process
