@@ -5,9 +5,9 @@ Each checkpoint directory holds
     trainer_state.pt                  optimizer, scheduler, step, data position, RNG states
     COMPLETE                          written last: a directory without it is ignored
 and is written to `step_<n>.tmp` first, fsynced and renamed, so a kill mid-write never leaves a
-half checkpoint that resume would pick (`torn_checkpoints` names what resume skips). Everything is saved from the unwrapped model and
-rank 0's optimizer (DDP replicas are identical), so a checkpoint written on 2 processes
-resumes on 1 and vice versa. Under FSDP the trainer gathers the full model and optimizer
+half checkpoint that resume would pick (`torn_checkpoints` names what resume skips).
+Everything is saved from the unwrapped model and rank 0's optimizer (DDP replicas are
+identical), so a checkpoint written on 2 processes resumes on 1 and vice versa. Under FSDP the trainer gathers the full model and optimizer
 state first and saves the same files: the optimizer state is always the index-keyed form of
 `torch.optim.Optimizer.state_dict()` (`optimizer_state_by_index` converts the name-keyed
 form of `torch.distributed.checkpoint.state_dict` to it, `optimizer_state_by_name` back),
@@ -63,7 +63,7 @@ def save_checkpoint(out_dir: Path, step: int, draft, optimizer, scheduler, extra
 
     The files go to `step_<n>.tmp/`, are fsynced with the directory, and the directory is renamed
     to `step_<n>/` (the parent fsynced too): a kill at any point leaves either no `step_<n>/` or a
-    complete one, plus at worst a torn `.tmp` that `resume_point` skips and names.
+    complete one, plus at worst a torn `.tmp` that resume skips and names (`torn_checkpoints`).
 
     Args:
         draft: an unsharded draft (`save_pretrained`); optimizer: an optimizer, or its full
