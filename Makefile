@@ -1,7 +1,8 @@
 # Two entry points (README): `make demo` and `make test`. Both install what they need first.
+# `make test` skips the `slow` and `gpu` tests; `make test-slow` and `make test-gpu` run them.
 PY ?= python3
 
-.PHONY: install demo test test-gpu bench
+.PHONY: install demo test test-slow test-gpu bench
 install:
 	@# Keep an existing torch (CUDA users have their own); a bare machine gets the 2.13 wheel.
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
@@ -14,6 +15,9 @@ demo: install
 
 test: install
 	$(PY) -m pytest
+
+test-slow: install
+	$(PY) -m pytest -m slow
 
 test-gpu:
 	$(PY) -m pytest -m gpu

@@ -11,7 +11,8 @@ structured dataclasses here back the shared config groups under `configs/`:
 and the helpers both entry points need: loading the target and its tokenizer, building a new
 draft shaped for a target, the prompt format (chat template, thinking flag, system prompt,
 few-shot) with its hash, chat encoding, and the output-directory rule (a non-empty directory
-needs `resume=true`; Hydra's own run files do not count).
+needs `resume=true`; Hydra's own run files do not count), and the range checks of the shared
+groups (`check_shared_specs`), which the entry points run before any work.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,17 +130,90 @@ class PromptFormat:
         return {**asdict(self), "hash": self.hash}
 
 
+# ---------------------------------------------------------------------------------- checks
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def check_target_spec(spec: TargetSpec) -> None:
+    """Raise `ValueError` naming the `target.*` field that is out of range (before any loading)."""
+    _need(spec.source in ("hub", "gguf", "random"), f"target.source={spec.source!r}: use hub, gguf or random")
+    _need(spec.source != "hub" or bool(spec.path),
+          f"target {spec.name}: source=hub needs target.path (a hub id or a local directory)")
+    _need(spec.source != "random" or spec.tokenizer is not None,
+          f"target {spec.name}: source=random needs target.tokenizer (e.g. qwen3-offline)")
+    _need(spec.dtype in DTYPES, f"target.dtype={spec.dtype!r}: use {', '.join(DTYPES)}")
+    _need(spec.architecture in ("qwen3", "llama"), f"target.architecture={spec.architecture!r}: use qwen3 or llama")
+    for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
+        v = getattr(spec, name)
+        _need(v >= 1, f"target.{name}={v}: use >= 1")
+    _need(spec.num_attention_heads % spec.num_key_value_heads == 0,
+          f"target.num_key_value_heads={spec.num_key_value_heads} must divide "
+          f"target.num_attention_heads={spec.num_attention_heads}")
+    _need(spec.rope_theta > 0 and spec.rms_norm_eps > 0,
+          f"target.rope_theta={spec.rope_theta}, target.rms_norm_eps={spec.rms_norm_eps}: use > 0")
+
+
+def check_draft_spec(spec: DraftSpec) -> None:
+    """Raise `ValueError` naming the `draft.*` field that is out of range (shape checks against
+    the target follow when the draft is built: `DFlash2Config.check`)."""
+    _need(spec.architecture in ("dflash2", "v1"), f"draft.architecture={spec.architecture!r}: use dflash2 or v1")
+    _need(spec.num_hidden_layers >= 1, f"draft.num_hidden_layers={spec.num_hidden_layers}: use >= 1")
+    _need(spec.block_size >= 2, f"draft.block_size={spec.block_size}: use >= 2 (the anchor plus one slot)")
+    for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+        v = getattr(spec, name)
+        _need(v >= 1, f"draft.{name}={v}: use >= 1")
+    _need(spec.conv_kernel_size <= spec.block_size,
+          f"draft.conv_kernel_size={spec.conv_kernel_size}: use <= draft.block_size={spec.block_size}")
+    _need(spec.mask_token_id is None or spec.mask_token_id >= 0,
+          f"draft.mask_token_id={spec.mask_token_id}: use a vocabulary id >= 0, or null to pick one")
+    _need(spec.intermediate_size is None or spec.intermediate_size >= 1,
+          f"draft.intermediate_size={spec.intermediate_size}: use >= 1, or null for the target's")
+    _need(spec.target_layer_ids is None or (len(spec.target_layer_ids) > 0 and min(spec.target_layer_ids) >= 0),
+          f"draft.target_layer_ids={spec.target_layer_ids}: use a non-empty list of layer indices >= 0, or null")
+
+
+def check_logger_spec(spec: LoggerSpec) -> None:
+    _need(spec.mode in ("disabled", "offline", "online"),
+          f"logger.mode={spec.mode!r}: use disabled, offline or online")
+
+
+def check_hardware_spec(spec: HardwareSpec) -> None:
+    _need(spec.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", spec.device) is not None,
+          f"hardware.device={spec.device!r}: use auto, cpu, cuda or cuda:N")
+    _need(spec.mixed_precision in ("no", "bf16"), f"hardware.mixed_precision={spec.mixed_precision!r}: use no or bf16")
+    _need(spec.num_threads is None or spec.num_threads >= 1,
+          f"hardware.num_threads={spec.num_threads}: use >= 1, or null for torch's default")
+    _need(spec.distributed in ("auto", "ddp", "fsdp"), f"hardware.distributed={spec.distributed!r}: use auto, ddp or fsdp")
+
+
+def check_shared_specs(cfg) -> None:
+    """Check the shared groups a run config holds (`target`, `draft`, `logger`, `hardware`)."""
+    for name, check in (("target", check_target_spec), ("draft", check_draft_spec),
+                        ("logger", check_logger_spec), ("hardware", check_hardware_spec)):
+        if getattr(cfg, name, None) is not None:
+            check(getattr(cfg, name))
+
+
 # ---------------------------------------------------------------------------------- target
 
 
 def resolve_device(hw: HardwareSpec) -> torch.device:
+    """The torch device `hw.device` names (sets the thread count first); raises `ValueError` when it
+    names CUDA on a machine without it."""
     if hw.num_threads:
         torch.set_num_threads(int(hw.num_threads))
     if hw.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(hw.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"hardware.device={hw.device} but CUDA is not available here; use hardware=cpu")
+        raise ValueError(f"hardware.device={hw.device} but CUDA is not available here; use hardware=cpu")
     return dev
 
 
@@ -309,13 +384,15 @@ def stop_token_ids(tokenizer) -> list[int]:
 
 # ---------------------------------------------------------------------------------- output dir
 
-# Written by Hydra into the run directory before our code runs: never "previous results".
+# A run's recorded config (`.hydra/`, written by the entry point after its checks) and Hydra's
+# sweep file (`multirun.yaml`, written by Hydra under -m before any check): never "previous results".
 HYDRA_RUN_FILES = {".hydra", "multirun.yaml"}
 
 
-def prepare_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str | None = None) -> Path:
-    """Create `path` (or accept it for `resume`). A directory holding anything but Hydra's own
-    run files is refused without `resume=true`, so a run never overwrites earlier results."""
+def check_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str | None = None) -> Path:
+    """The output-directory rule, read-only: raises `FileExistsError` for a file, or for a
+    directory holding anything but Hydra's own run files without `resume=true`. Every process of
+    a launch can call it before any of them writes."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"output_dir={out} exists and is a file; choose a directory")
@@ -326,6 +403,13 @@ def prepare_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str |
             raise FileExistsError(
                 f"output_dir={out} is not empty ({', '.join(leftovers[:5])}{' ...' if len(leftovers) > 5 else ''}); "
                 "pass resume=true to continue that run, or choose a new output_dir")
+    return out
+
+
+def prepare_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str | None = None) -> Path:
+    """Create `path` (or accept it for `resume`) after `check_output_dir`'s rule, so a run never
+    overwrites earlier results; raises `PermissionError` when it cannot be written."""
+    out = check_output_dir(path, resume, job_name=job_name)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write_test"

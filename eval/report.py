@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a fresh clone without install
 
 KEEP = ("checks", "run_id", "prompt_format")
 

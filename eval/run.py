@@ -8,8 +8,13 @@ HumanEval and MT-Bench; records, statistics, a local report and W&B.
     python eval/run.py -m ... temperature=0,1 output_dir=DIR              # grid: one subdir per point
     accelerate launch --num_processes 2 eval/run.py ... output_dir=DIR    # sharded: one process per GPU
 
-Writes DIR/run.json, DIR/records.jsonl (one line per arm and sample), DIR/summary.json,
-DIR/report.html and DIR/report.md.
+Writes DIR/.hydra/config.yaml (the resolved config), DIR/run.json, DIR/records.jsonl (one line
+per arm and sample), DIR/summary.json, DIR/report.html and DIR/report.md, then prints a short
+summary read back from summary.json (tau per arm, outputs identical to AR, accuracy, where the
+report is); `resume=true` first says how many records it keeps. Every config value is checked
+before any work: a refused run writes nothing and exits with status 2 after one `error: ...`
+line (`DFLASH2_DEBUG=1` adds the traceback; see `dflash2.entrypoint`). Under `-m`, Hydra itself
+creates the sweep directory and its `multirun.yaml` before the checks.
 
 Sharded (`accelerate launch --num_processes K`, K GPUs; on CPU `--multi_gpu` starts K gloo
 processes): item i goes to process i % K (both MT-Bench turns on one process), each process
@@ -18,32 +23,84 @@ merges them into the one DIR/records.jsonl and writes the one summary and report
 (`dflash2/evaluation/sharding.py`, docs/MULTI_GPU.md "Sharded evaluation"). Resume with any K.
 """
 
+import json
 import logging
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a fresh clone without install
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
-import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-
-from dflash2.evaluation.config import register_eval_schema  # noqa: E402
+from dflash2.entrypoint import run_entry, user_errors
+from dflash2.evaluation.config import register_eval_schema
 
 register_eval_schema()
 log = logging.getLogger("eval")
 
 
-@hydra.main(config_path="../configs/eval", config_name="eval", version_base=None)
-def main(cfg) -> None:
-    from dflash2.evaluation.run import run_eval
+def checked(cfg):
+    """The `EvalConfig` of `cfg` after every check (raises `ConfigError`); touches no file."""
+    from omegaconf import OmegaConf
 
+    from dflash2.entrypoint import check_known_keys, config_checks
+    from dflash2.evaluation.config import validate
+    from dflash2.runconfig import check_shared_specs, resolve_device
+
+    with config_checks():
+        check_known_keys(cfg)
+        obj = OmegaConf.to_object(cfg)
+        check_shared_specs(obj)
+        validate(obj)
+        resolve_device(obj.hardware)
+        if obj.draft_path is not None and not Path(obj.draft_path).is_dir():
+            raise ValueError(f"draft_path={obj.draft_path}: no such checkpoint directory")
+    return obj
+
+
+def eval_summary(out_dir: Path) -> str:
+    """The end-of-run lines, from `DIR/summary.json`: per arm tau (pooled, bonus token included),
+    outputs identical to the AR arm's, accuracy; then where the records and report are."""
+    summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    lines = [f"evaluation finished: {summary.get('n_samples', '?')} samples ({', '.join(summary.get('datasets', []))})"]
+    for arm in summary.get("arms", []):
+        o = summary["per_arm"][arm]["overall"]
+        parts = [f"  {arm:<24}"]
+        if o.get("tau_pooled") is not None:
+            parts.append(f"tau {o['tau_pooled']:.3f}")
+        if o.get("identical_fraction") is not None:
+            n = int(o.get("n", 0))
+            parts.append(f"identical to AR {round(o['identical_fraction'] * n)}/{n}")
+        if o.get("accuracy") is not None:
+            parts.append(f"accuracy {o['accuracy']:.3f} ({o.get('n_scored', '?')} scored)")
+        lines.append("  ".join(parts))
+    out = Path(out_dir)
+    lines += [f"  records: {out / 'records.jsonl'}", f"  summary: {out / 'summary.json'}",
+              f"  report:  {out / 'report.html'}"]
+    return "\n".join(lines)
+
+
+@hydra.main(config_path="../configs/eval", config_name="eval", version_base=None)
+@user_errors
+def main(cfg) -> None:
+    from dflash2.entrypoint import is_main_process, resume_note, write_run_config
+    from dflash2.evaluation.run import run_eval
+    from dflash2.runconfig import check_output_dir, prepare_output_dir
+
+    obj = checked(cfg)
     hc = HydraConfig.get()
-    # Run mode: hydra.run.dir = output_dir. Multirun: each grid point gets its own subdir.
-    out = run_eval(cfg, hc.runtime.output_dir, job_name=hc.job.name)
+    # Run mode: output_dir itself (Hydra's run dir is `.`, so it creates nothing). Multirun:
+    # each grid point gets its own subdir of the sweep directory.
+    run_dir = hc.runtime.output_dir if hc.mode == RunMode.MULTIRUN else obj.output_dir
+    check_output_dir(run_dir, bool(obj.resume), job_name=hc.job.name)   # every process, before any writes
+    if is_main_process():   # rank 0 prepares the directory; run_eval's own check then passes
+        if obj.resume:
+            print(resume_note("eval", run_dir, ("records.jsonl", "shards/*.jsonl")), flush=True)
+        write_run_config(prepare_output_dir(run_dir, bool(obj.resume), job_name=hc.job.name), cfg)
+    out = run_eval(cfg, run_dir, job_name=hc.job.name)
     if out is None:  # a sharded run's other processes: rank 0 merges and reports
         return
-    print(f"records: {out / 'records.jsonl'}\nsummary: {out / 'summary.json'}\nreport:  {out / 'report.html'}")
+    print(eval_summary(out), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main)

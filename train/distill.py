@@ -5,36 +5,47 @@
     python train/distill.py experiment=qwen3_8b output_dir=DIR data.regenerated=REGEN.jsonl
     python train/distill.py ... output_dir=DIR resume=true                # continue a killed run
     accelerate launch --num_processes 8 train/distill.py experiment=qwen3_8b output_dir=DIR
+    python train/distill.py -m ... train.lr=1e-3,3e-3 output_dir=DIR       # grid: DIR/0, DIR/1, ...
 
-Writes DIR/metrics.jsonl, DIR/checkpoints/step_<n>/ and the z-lab-format export DIR/final/.
+Every config value is checked before any work; a refused run writes nothing and exits with
+status 2 after one `error: ...` line (`DFLASH2_DEBUG=1` adds the traceback; see
+`dflash2.entrypoint`). Writes DIR/.hydra/config.yaml (the resolved config), DIR/metrics.jsonl,
+DIR/checkpoints/step_<n>/ and the z-lab-format export DIR/final/, then prints a summary
+(final loss and tau_proxy, held-out engine tau, where the files are). `resume=true` says which
+checkpoint it continues from, or that none was usable. Under `-m`, Hydra creates the sweep
+directory (with its `multirun.yaml`) and each point's subdir before the checks, and each point
+trains in its subdir. `DFLASH2_KILL_AT` is a test hook (`dflash2.killpoints`).
 """
 
-import sys
-from pathlib import Path
+import hydra
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a fresh clone without install
-
-import hydra  # noqa: E402
-
-from dflash2.training.config import register_distill_schema  # noqa: E402
+from dflash2 import killpoints
+from dflash2.entrypoint import config_checks, is_main_process, run_entry, user_errors
+from dflash2.training.config import register_distill_schema
 
 register_distill_schema()
 
 
 @hydra.main(config_path="../configs/distill", config_name="distill", version_base=None)
+@user_errors
 def main(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from dflash2.training.run import run_distill
+    from dflash2.training.run import distill_summary, run_distill
 
-    # Multirun (-m): each job writes its own subdir of output_dir (hydra.sweep.subdir), as eval/run.py
-    # does; interpolations of output_dir (e.g. an experiment's data.regenerated) keep the value given.
-    OmegaConf.resolve(cfg)
-    cfg.output_dir = HydraConfig.get().runtime.output_dir
+    with config_checks():
+        killpoints.arm_from_env()   # the test hook, read once per run (unset: nothing armed)
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:   # -m: each grid point trains in its own subdir of the sweep dir
+        # Interpolations of output_dir (e.g. an experiment's data.regenerated) keep the value given.
+        OmegaConf.resolve(cfg)
+        cfg.output_dir = hc.runtime.output_dir
     final = run_distill(cfg)
-    print(f"final checkpoint: {final}")
+    if is_main_process():
+        print(distill_summary(final.parent), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main)

@@ -6,26 +6,50 @@
     python train/regenerate.py data=jsonl data.path=convs.jsonl ...   # any local JSONL of conversations
     python train/regenerate.py data=hub data.path=<hub dataset> data.split=train data.messages_field=messages
 
-Writes `DIR/regenerated.jsonl` (see `dflash2.training.regenerate`); pass it to training as
-`data.regenerated=DIR/regenerated.jsonl`.
+Writes `DIR/regenerated.jsonl` (see `dflash2.training.regenerate`) and DIR/.hydra/config.yaml;
+pass the JSONL to training as `data.regenerated=DIR/regenerated.jsonl`. Every config value is
+checked first: a refused run writes nothing and exits with status 2 after one `error: ...`
+line (`DFLASH2_DEBUG=1` adds the traceback; see `dflash2.entrypoint`).
 """
 
-import sys
-from pathlib import Path
+import hydra
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a fresh clone without install
-
-import hydra  # noqa: E402
-
-from dflash2.training.regenerate import register_regenerate_schema, run_regenerate  # noqa: E402
+from dflash2.entrypoint import run_entry, user_errors
+from dflash2.training.regenerate import register_regenerate_schema
 
 register_regenerate_schema()
 
 
+def checked(cfg):
+    """The `RegenerateConfig` of `cfg` after every check (raises `ConfigError`); touches no file."""
+    from omegaconf import OmegaConf
+
+    from dflash2.entrypoint import check_known_keys, config_checks
+    from dflash2.runconfig import check_shared_specs, resolve_device
+    from dflash2.training.config import check_data_spec
+
+    with config_checks():
+        check_known_keys(cfg)
+        obj = OmegaConf.to_object(cfg)
+        check_shared_specs(obj)
+        check_data_spec(obj.data)
+        resolve_device(obj.hardware)
+    return obj
+
+
 @hydra.main(config_path="../configs/distill", config_name="regenerate", version_base=None)
+@user_errors
 def main(cfg) -> None:
-    run_regenerate(cfg)
+    from dflash2.entrypoint import resume_note, write_run_config
+    from dflash2.runconfig import prepare_output_dir
+    from dflash2.training.regenerate import run_regenerate
+
+    obj = checked(cfg)
+    if obj.resume:
+        print(resume_note("regenerate", obj.output_dir, ("regenerated.jsonl",)), flush=True)
+    write_run_config(prepare_output_dir(obj.output_dir, obj.resume, job_name="regenerate"), cfg)
+    run_regenerate(obj)
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main)

@@ -6,7 +6,9 @@ Groups: `target/`, `draft/`, `logger/`, `hardware/` are shared (`dflash2.runconf
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dflash2.runconfig import DraftSpec, HardwareSpec, LoggerSpec, TargetSpec
 from dflash2.training.data import DataSpec
@@ -67,9 +69,26 @@ class TrainSpec:
                              chunk_anchors=self.chunk_anchors, checkpoint_head=self.checkpoint_head)
 
     def check(self) -> None:
+        """Raise `ValueError` naming the first `train.*` field out of range (types are Hydra's)."""
         self.objective().check()
         if self.batch_size < 1 or self.grad_accum < 1:
             raise ValueError(f"train.batch_size={self.batch_size}, train.grad_accum={self.grad_accum}: use >= 1")
+        _need(math.isfinite(self.lr) and self.lr > 0, f"train.lr={self.lr}: use a learning rate > 0")
+        _need(0.0 <= self.min_lr_ratio <= 1.0, f"train.min_lr_ratio={self.min_lr_ratio}: use a fraction in [0, 1]")
+        _need(0.0 <= self.warmup_ratio < 1.0, f"train.warmup_ratio={self.warmup_ratio}: use a fraction in [0, 1)")
+        _need(self.weight_decay >= 0, f"train.weight_decay={self.weight_decay}: use >= 0")
+        _need(len(self.adam_betas) == 2 and all(0.0 <= b < 1.0 for b in self.adam_betas),
+              f"train.adam_betas={list(self.adam_betas)}: use two values in [0, 1), e.g. [0.9, 0.95]")
+        _need(self.grad_clip > 0, f"train.grad_clip={self.grad_clip}: use a gradient-norm limit > 0")
+        _need(self.epochs >= 1, f"train.epochs={self.epochs}: use >= 1")
+        _need(self.max_steps is None or self.max_steps >= 1,
+              f"train.max_steps={self.max_steps}: use >= 1, or null for epochs x (samples // batch_size)")
+        for name in ("chunk_anchors", "log_every", "checkpoint_every"):
+            _need(getattr(self, name) >= 1, f"train.{name}={getattr(self, name)}: use >= 1")
+        for name in ("keep_checkpoints", "eval_every", "eval_prompts", "eval_max_new_tokens", "pad_to"):
+            _need(getattr(self, name) >= 0, f"train.{name}={getattr(self, name)}: use >= 0")
+        _need(self.export_dtype in (None, "float32", "bfloat16", "float16"),
+              f"train.export_dtype={self.export_dtype!r}: use float32, bfloat16, float16, or null for the target's")
         if self.codebooks != "free":
             raise ValueError(f"train.codebooks={self.codebooks!r}: only free [V, R] codebooks are implemented")
         if self.freeze not in ("none", "backbone"):
@@ -78,6 +97,38 @@ class TrainSpec:
             raise ValueError(f"train.attention={self.attention!r}: use auto, flex or dense")
         if self.num_anchors < 1:
             raise ValueError(f"train.num_anchors={self.num_anchors}: use >= 1")
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def check_data_spec(spec: DataSpec) -> None:
+    """Raise `ValueError` naming the first `data.*` field out of range (before any loading)."""
+    from dflash2.training.data import SOURCES
+
+    _need(spec.source in SOURCES, f"data.source={spec.source!r} is unknown; use one of {', '.join(SOURCES)}")
+    _need(spec.source not in ("jsonl", "hub") or spec.regenerated is not None or bool(spec.path),
+          f"data.source={spec.source} needs data.path (a JSONL file or a hub dataset)")
+    _need(spec.limit is None or spec.limit >= 1, f"data.limit={spec.limit}: use >= 1, or null for all")
+    for name in ("max_new_tokens", "regen_batch_size", "max_seq_len"):
+        _need(getattr(spec, name) >= 1, f"data.{name}={getattr(spec, name)}: use >= 1")
+    _need(spec.heldout >= 0, f"data.heldout={spec.heldout}: use >= 0")
+    _need(spec.regenerated is None or Path(spec.regenerated).is_file(),
+          f"data.regenerated={spec.regenerated}: no such file (make one with train/regenerate.py)")
+
+
+def check_distill_config(cfg: "DistillConfig") -> None:
+    """Every range check of a distillation config, before any work (the shared groups, `data`,
+    `train`, `init_from`). Raises `ValueError` naming the field."""
+    from dflash2.runconfig import check_shared_specs
+
+    check_shared_specs(cfg)
+    check_data_spec(cfg.data)
+    cfg.train.check()
+    _need(cfg.init_from is None or Path(cfg.init_from).is_dir(),
+          f"init_from={cfg.init_from}: no such checkpoint directory")
 
 
 @dataclass

@@ -16,37 +16,39 @@ Logged names (all tau figures include the bonus token and are pooled over blocks
 
 from __future__ import annotations
 
-import json
-import math
 import secrets
 from pathlib import Path
 
+from dflash2 import killpoints
+from dflash2.jsonl import append_jsonl, read_jsonl, repair_jsonl, rewrite_jsonl
+
 
 class MetricsJsonl:
-    """Append-only `metrics.jsonl`. On resume, rows after the resumed step are dropped, so a
-    killed-and-resumed run has exactly one row per step."""
+    """Append-only `metrics.jsonl`, through the product's one JSONL rule (`dflash2.jsonl`).
+
+    Each row is appended, flushed and fsynced (`append_jsonl`); non-finite floats are written as
+    null. On resume from step `resume_step` (0 when no checkpoint was usable) the file is first
+    repaired (a torn last line, left by a kill mid-write, is dropped with a warning) and the rows
+    after that step are dropped (`rewrite_jsonl`, atomic), so a killed-and-resumed run has exactly
+    one row per step and keeps every row of the steps it resumed from.
+    """
 
     def __init__(self, path: Path, resume_step: int | None):
         self.path = Path(path)
         if resume_step is not None and self.path.is_file():
-            keep = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in keep))
+            rows = repair_jsonl(self.path)
+            keep = [r for r in rows if r.get("step", 0) <= resume_step]
+            if len(keep) != len(rows):
+                rewrite_jsonl(self.path, keep)
 
     def write(self, row: dict) -> None:
-        with self.path.open("a") as fh:
-            fh.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
-            fh.flush()
-
-
-def _clean(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return v
+        killpoints.reached("metrics_write", int(row.get("step", 0)), torn_file=self.path, row=row)
+        append_jsonl(self.path, [row])
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """Rows of a `metrics.jsonl` (reading only: a torn last line is skipped with a warning)."""
+    return read_jsonl(path)
 
 
 class WandbSink:

@@ -1,10 +1,14 @@
 """`run_distill(cfg)`: what `python train/distill.py ...` does, callable from Python and tests.
 
-    output dir   refuse a non-empty one without resume=true (Hydra's own run files do not count)
+    checks       every config value before any work (`check_distill_config`; unknown keys such
+                 as `+train.lrr=1` too): a refused run writes nothing
+    output dir   refuse a non-empty one without resume=true; record the resolved config in
+                 DIR/.hydra/ (`dflash2.entrypoint.write_run_config`)
     target       load (frozen), check the draft fits it
     data         data.regenerated, else regenerate into DIR/data/regenerated.jsonl (resumable),
                  then pack (dflash2.training.data)
     train        Distiller.fit(): checkpoints, metrics.jsonl, W&B, eval, DIR/final/
+    summary      `distill_summary(DIR)`: the lines `train/distill.py` prints at the end
 """
 
 from __future__ import annotations
@@ -21,23 +25,40 @@ def to_config(cfg):
     return OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
 
 
+def checked_config(cfg):
+    """The `DistillConfig` of `cfg` (DictConfig or dataclass) after every check; raises
+    `dflash2.entrypoint.ConfigError` naming the first bad key or value. Touches no file."""
+    from dflash2.entrypoint import check_known_keys, config_checks
+    from dflash2.runconfig import resolve_device
+    from dflash2.training.config import check_distill_config
+
+    with config_checks():
+        check_known_keys(cfg)
+        obj = to_config(cfg)
+        check_distill_config(obj)
+        resolve_device(obj.hardware)   # hardware.device=cuda on a machine without CUDA
+    return obj
+
+
 def run_distill(cfg) -> Path:
     """Run one distillation from a composed `DistillConfig`; returns `DIR/final/`."""
     from accelerate import Accelerator
 
-    from dflash2.runconfig import load_target, prepare_output_dir, resolve_device
+    from dflash2.entrypoint import write_run_config
+    from dflash2.runconfig import check_output_dir, load_target, prepare_output_dir, resolve_device
     from dflash2.training.data import build_training_data
     from dflash2.training.regenerate import regenerate
     from dflash2.training.trainer import Distiller
 
-    cfg = to_config(cfg)
-    cfg.train.check()
+    raw = cfg
+    cfg = checked_config(cfg)
+    out = check_output_dir(cfg.output_dir, cfg.resume, job_name="distill")   # every process, before any writes
     device = resolve_device(cfg.hardware)
     mp = cfg.hardware.mixed_precision if device.type == "cuda" else "no"
     acc = Accelerator(cpu=device.type == "cpu", mixed_precision=mp)
-    out = Path(cfg.output_dir)
     if acc.is_main_process:
         prepare_output_dir(out, cfg.resume, job_name="distill")
+        write_run_config(out, raw)
     acc.wait_for_everyone()
     target, tokenizer = load_target(cfg.target, acc.device)
     source = cfg.data.regenerated
@@ -50,3 +71,35 @@ def run_distill(cfg) -> Path:
         acc.wait_for_everyone()
     data = build_training_data(source, tokenizer, cfg.data)
     return Distiller(cfg, target, tokenizer, data, out, accelerator=acc).fit()
+
+
+def distill_summary(out_dir: str | Path) -> str:
+    """The end-of-run summary of a distillation directory, from its files: the last training
+    row's loss and tau_proxy, the held-out engine tau (`eval/tau_real`, with the held-out proxy
+    and gap) when evaluated, and where the checkpoint, export and metrics are."""
+    from dflash2.training.metrics import read_metrics
+    from dflash2.training.state import latest_checkpoint
+
+    out = Path(out_dir)
+    metrics = out / "metrics.jsonl"
+    rows = read_metrics(metrics) if metrics.is_file() else []
+    train = [r for r in rows if r.get("loss") is not None]
+    held = [r for r in rows if r.get("eval/tau_real") is not None or r.get("eval/tau_proxy") is not None]
+    lines = ["distillation finished"]
+    if train:
+        last = train[-1]
+        lines.append(f"  step {last['step']}: loss {_num(last.get('loss'))}, tau_proxy {_num(last.get('tau_proxy'))}")
+    if held:
+        h = held[-1]
+        lines.append(f"  held-out at step {h['step']}: engine tau {_num(h.get('eval/tau_real'))} "
+                     f"(tau_proxy {_num(h.get('eval/tau_proxy'))}, gap {_num(h.get('eval/gap'))})")
+    else:
+        lines.append("  held-out: not evaluated (no held-out data or train.eval_max_new_tokens=0)")
+    ckpt = latest_checkpoint(out)
+    lines += [f"  checkpoint: {ckpt if ckpt is not None else 'none'}",
+              f"  export:     {out / 'final'}", f"  metrics:    {metrics}"]
+    return "\n".join(lines)
+
+
+def _num(v) -> str:
+    return "n/a" if v is None else f"{float(v):.4g}"

@@ -4,10 +4,10 @@ Each checkpoint directory holds
     config.json + model.safetensors   the draft, z-lab format (also usable as `init_from`)
     trainer_state.pt                  optimizer, scheduler, step, data position, RNG states
     COMPLETE                          written last: a directory without it is ignored
-and is written to `step_<n>.tmp` first and renamed, so a kill mid-write never leaves a
-half checkpoint that resume would pick. Everything is saved from the unwrapped model and
-rank 0's optimizer (DDP replicas are identical), so a checkpoint written on 2 processes
-resumes on 1 and vice versa. Under FSDP the trainer gathers the full model and optimizer
+and is written to `step_<n>.tmp` first, fsynced and renamed, so a kill mid-write never leaves a
+half checkpoint that resume would pick (`torn_checkpoints` names what resume skips).
+Everything is saved from the unwrapped model and rank 0's optimizer (DDP replicas are
+identical), so a checkpoint written on 2 processes resumes on 1 and vice versa. Under FSDP the trainer gathers the full model and optimizer
 state first and saves the same files: the optimizer state is always the index-keyed form of
 `torch.optim.Optimizer.state_dict()` (`optimizer_state_by_index` converts the name-keyed
 form of `torch.distributed.checkpoint.state_dict` to it, `optimizer_state_by_name` back),
@@ -18,7 +18,9 @@ the batch order and anchors are functions of (seed, epoch, index)
 
 from __future__ import annotations
 
+import os
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -59,27 +61,66 @@ def checkpoint_dir(out_dir: Path, step: int) -> Path:
 def save_checkpoint(out_dir: Path, step: int, draft, optimizer, scheduler, extra: dict, keep: int) -> Path:
     """Write the checkpoint of `step` atomically and prune all but the newest `keep` (main process).
 
+    The files go to `step_<n>.tmp/`, are fsynced with the directory, and the directory is renamed
+    to `step_<n>/` (the parent fsynced too): a kill at any point leaves either no `step_<n>/` or a
+    complete one, plus at worst a torn `.tmp` that resume skips and names (`torn_checkpoints`).
+
     Args:
         draft: an unsharded draft (`save_pretrained`); optimizer: an optimizer, or its full
             index-keyed state dict (already gathered under FSDP); scheduler: an LR scheduler.
     """
+    from dflash2 import killpoints
+
     final = checkpoint_dir(out_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     draft.save_pretrained(tmp)
+    killpoints.reached("checkpoint_save", step)
     opt_state = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
     state = {"step": step, "optimizer": opt_state, "scheduler": scheduler.state_dict(),
              "rng": rng_state(), **extra}
     torch.save(state, tmp / STATE_NAME)
+    for f in tmp.iterdir():
+        _fsync(f)
     (tmp / DONE_NAME).write_text(str(step))
-    if final.exists():
-        shutil.rmtree(final)
+    _fsync(tmp / DONE_NAME)
+    _fsync(tmp)
+    old = final.with_name(final.name + ".old")
+    if final.exists():   # never the case from the trainer (it keeps an existing step); kept whole until replaced
+        final.rename(old)
     tmp.rename(final)
+    _fsync(final.parent)
+    if old.exists():
+        shutil.rmtree(old)
     if keep > 0:
-        for old in list_checkpoints(out_dir)[:-keep]:
-            shutil.rmtree(old)
+        for stale in list_checkpoints(out_dir)[:-keep]:
+            shutil.rmtree(stale)
     return final
+
+
+def _fsync(path: Path) -> None:
+    """fsync a file or a directory (so a rename or a new file survives a power loss, not just a kill)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _step_of(path: Path) -> int | None:
+    m = re.fullmatch(r"step_(\d+)", path.name)
+    return int(m.group(1)) if m else None
+
+
+def _problem(path: Path) -> str | None:
+    """Why `path` (a `checkpoints/step_*` entry) is not a usable checkpoint, or None."""
+    if not path.is_dir():
+        return "not a directory"
+    if _step_of(path) is None:
+        return "an interrupted write (temporary directory)"
+    missing = [n for n in (DONE_NAME, STATE_NAME, "config.json") if not (path / n).is_file()]
+    return f"incomplete (no {', '.join(missing)})" if missing else None
 
 
 def list_checkpoints(out_dir: Path) -> list[Path]:
@@ -87,8 +128,17 @@ def list_checkpoints(out_dir: Path) -> list[Path]:
     root = Path(out_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    done = [p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp") and (p / DONE_NAME).is_file()]
-    return sorted(done, key=lambda p: int(p.name.split("_")[1]))
+    done = [p for p in root.glob("step_*") if _problem(p) is None]
+    return sorted(done, key=_step_of)
+
+
+def torn_checkpoints(out_dir: Path) -> list[tuple[Path, str]]:
+    """`(path, why)` for each entry under `out_dir/checkpoints` that resume cannot use (a write
+    killed midway, a directory without its COMPLETE marker), sorted by name."""
+    root = Path(out_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return [(p, why) for p in sorted(root.glob("step_*")) if (why := _problem(p)) is not None]
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from dflash2.entrypoint import UserError
 from dflash2.training.data import TrainingData, collate
 from dflash2.training.layout import anchor_seed, build_layout, dense_mask, flex_block_mask, sample_anchors
 from dflash2.training.losses import DistillObjective, summarize_stats
@@ -41,8 +42,20 @@ from dflash2.training.target_cache import TargetPassCache
 from dflash2.training import state as st
 
 
-class TrainingDivergedError(RuntimeError):
-    """A loss part or the gradient became NaN/inf; the message names the step and the part."""
+class TrainingDivergedError(UserError, RuntimeError):
+    """A loss part or the gradient became NaN/inf; the message names the step, the part and the
+    fix (the entry points print it as one line)."""
+
+
+def resume_message(out_dir: Path, ckpt: Path | None) -> str:
+    """What `resume=true` found: the checkpoint and step it continues from, or that no usable
+    checkpoint exists (the run starts at step 0); each torn checkpoint skipped is named."""
+    lines = [f"[distill] resume: skipped {path} ({why})" for path, why in st.torn_checkpoints(out_dir)]
+    if ckpt is None:
+        lines.append(f"[distill] resume: no usable checkpoint in {Path(out_dir) / 'checkpoints'}: starting at step 0")
+    else:
+        lines.append(f"[distill] resume: continuing from step {int(ckpt.name.split('_')[1])} ({ckpt})")
+    return "\n".join(lines)
 
 
 def cosine_with_warmup(optimizer, warmup: int, total: int, min_ratio: float):
@@ -228,6 +241,8 @@ class Distiller:
 
         self.start_step, resume_state = 0, None
         ckpt = st.latest_checkpoint(self.out_dir) if cfg.resume else None
+        if cfg.resume and accelerator.is_main_process:
+            print(resume_message(self.out_dir, ckpt), flush=True)
         if ckpt is not None:   # full weights into the unsharded draft, on every process
             st.load_draft_weights(self.draft, ckpt)
             resume_state = st.load_state(ckpt)

@@ -1,6 +1,7 @@
 """Tiny synthetic distillation runs for the trainer tests (and their subprocesses).
 
     python -m tests.training.distill_helpers OUT [key=value ...]     # one run, e.g. under SIGKILL or torchrun
+    DFLASH2_KILL_AT=checkpoint_save@4 python -m tests.training.distill_helpers OUT ...   # dflash2.killpoints
 
 The target is a random 4-layer Qwen3 with a 300-token vocabulary; the data are random packed
 sequences (two documents each, prompt tokens unmasked). Labels come from the target's own
@@ -83,5 +84,8 @@ def _main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from dflash2 import killpoints
+
     torch.set_num_threads(1)
+    killpoints.arm_from_env()   # the crash-safety tests' DFLASH2_KILL_AT (test hook)
     _main(sys.argv[1:])

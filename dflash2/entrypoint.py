@@ -1,0 +1,276 @@
+"""What the entry points (`train/distill.py`, `train/regenerate.py`, `eval/run.py`) share:
+the user-error rule, the unknown-key check, and the run directory's recorded config.
+
+The contract a user sees:
+
+    checks first     every config value is checked (schema types by Hydra, unknown keys by
+                     `check_known_keys`, ranges by each schema's checks) before any work; the
+                     checks run inside `config_checks()`, which turns their `ValueError`s into
+                     `ConfigError`s
+    refused = clean  a run refused by a check writes nothing anywhere: the primary configs set
+                     `hydra.output_subdir: null`, `hydra.run.dir: .` and `hydra/job_logging:
+                     stdout`, so Hydra creates no directory and no file; the entry point writes
+                     `DIR/.hydra/config.yaml` and `overrides.yaml` itself (`write_run_config`),
+                     after the checks pass, and never over an existing run's copy
+    one line         a user error prints `error: <message>` on stderr and exits with status 2
+                     (no Hydra banner, no traceback); `DFLASH2_DEBUG=1` also prints the full
+                     traceback. Other exceptions (bugs) keep Python's traceback and status 1.
+
+`run_entry(main)` applies the last rule around a `@hydra.main` function, `user_errors` inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import os
+import re
+import sys
+import traceback
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+DEBUG_ENV = "DFLASH2_DEBUG"
+USER_ERROR_STATUS = 2
+
+
+class UserError(Exception):
+    """A problem the user can fix (a config value, an occupied output_dir, a missing file): the
+    entry points print its message as one line and exit with status 2."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config value failed a check; the message names the key, the value and the fix."""
+
+
+@contextlib.contextmanager
+def config_checks() -> Iterator[None]:
+    """Run config checks: a `ValueError` raised inside becomes a `ConfigError` with the same
+    message (the checks of the schemas raise plain `ValueError`s); OmegaConf's own errors pass
+    through untouched (`user_message` names their full key)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        yield
+    except (UserError, OmegaConfBaseException):
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+def unknown_keys(cfg, prefix: str = "") -> list[tuple[str, list[str]]]:
+    """Keys of a composed config that its structured schema does not declare.
+
+    Hydra's `+key=value` adds a key even to a structured (typed) node, and `OmegaConf.to_object`
+    then silently carries it as an unused attribute; this walks the DictConfig and reports each
+    such key. Returns `[(dotted key, the node's declared field names)]`; nodes typed as plain
+    dicts (free-form by design) are not checked.
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    found: list[tuple[str, list[str]]] = []
+    if not isinstance(cfg, DictConfig):
+        return found
+    schema = OmegaConf.get_type(cfg)
+    declared = [f.name for f in fields(schema)] if schema is not None and is_dataclass(schema) else None
+    for key in cfg.keys():
+        name = f"{prefix}{key}"
+        if declared is not None and key not in declared:
+            found.append((name, declared))
+            continue
+        child = cfg._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            found.extend(unknown_keys(child, f"{name}."))
+    return found
+
+
+def check_known_keys(cfg) -> None:
+    """Raise `ConfigError` for the first key the schema does not declare (e.g. `+train.lrr=1`),
+    suggesting the closest declared key."""
+    bad = unknown_keys(cfg)
+    if not bad:
+        return
+    name, declared = bad[0]
+    leaf = name.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(leaf, declared, n=1)
+    hint = f"; did you mean {name[: len(name) - len(leaf)]}{close[0]}?" if close else ""
+    more = f" (and {len(bad) - 1} more: {', '.join(k for k, _ in bad[1:4])})" if len(bad) > 1 else ""
+    raise ConfigError(f"{name}: unknown key, the schema declares no such field{hint}{more}")
+
+
+def write_run_config(out_dir: str | os.PathLike, cfg) -> Path | None:
+    """Record the resolved config (`DIR/.hydra/config.yaml`) and the command-line overrides
+    (`DIR/.hydra/overrides.yaml`, when launched through Hydra). Call it after every check passed.
+
+    An existing `config.yaml` is kept (a resumed run does not rewrite the record of the run it
+    continues). Each file is written to a temporary name and renamed. Returns the config path, or
+    None when one already existed.
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    hydra_dir = Path(out_dir) / ".hydra"
+    path = hydra_dir / "config.yaml"
+    if path.exists():
+        return None
+    hydra_dir.mkdir(parents=True, exist_ok=True)
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    files = {}
+    overrides = _hydra_overrides()
+    if overrides is not None:
+        files["overrides.yaml"] = OmegaConf.to_yaml(OmegaConf.create(overrides))
+    files["config.yaml"] = OmegaConf.to_yaml(node, resolve=True)   # last: its presence means "recorded"
+    for name, text in files.items():
+        tmp = hydra_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(hydra_dir / name)
+    return path
+
+
+def _hydra_overrides() -> list[str] | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+    except ImportError:
+        return None
+    if not HydraConfig.initialized():
+        return None
+    return list(HydraConfig.get().overrides.task)
+
+
+def is_main_process() -> bool:
+    """Whether this is process 0 of a launch (`accelerate launch` / torchrun set RANK)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+# ------------------------------------------------------------------------------ the one line
+
+_HYDRA_NOISE = re.compile(r"^\s*(full_key|reference_type|object_type|object_type=|To append to your config)")
+
+
+def user_message(exc: BaseException) -> str | None:
+    """The one-line message of a user error, or None for any other exception (a bug).
+
+    User errors: `UserError`; Hydra's composition and override errors and OmegaConf's
+    validation errors (named by their full key, without Hydra's `+key` hint, which the
+    unknown-key check refuses anyway); `FileNotFoundError` / `FileExistsError` /
+    `PermissionError` (a training run that diverged raises a `UserError`).
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        from hydra.errors import HydraException
+    except ImportError:   # pragma: no cover - hydra is a dependency
+        HydraException = ()  # type: ignore[assignment]
+    if isinstance(exc, (UserError, FileNotFoundError, FileExistsError, PermissionError)):
+        return _one_line(str(exc))
+    if isinstance(exc, OmegaConfBaseException):
+        return _omegaconf_line(exc)
+    if isinstance(exc, HydraException):
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, OmegaConfBaseException):
+            return _omegaconf_line(cause)
+        return _one_line(str(exc))
+    return None
+
+
+def _omegaconf_line(exc) -> str:
+    key = getattr(exc, "full_key", None)
+    text = _one_line(str(exc))
+    m = re.match(r"Key '([^']+)' not in '([^']+)'", text)
+    if m:
+        schema = getattr(exc, "object_type", None)
+        declared = [f.name for f in fields(schema)] if schema is not None and is_dataclass(schema) else []
+        close = difflib.get_close_matches(m.group(1), declared, n=1)
+        text = f"unknown key ({m.group(2)} declares no field {m.group(1)!r})"
+        if close and key:
+            text += f"; did you mean {key[: len(key) - len(m.group(1))]}{close[0]}?"
+    return f"{key}: {text}" if key else text
+
+
+def _one_line(text: str) -> str:
+    """`text` on one line: Hydra's key details and config search path dropped, a list after a
+    line ending in `:` joined with commas."""
+    out: list[str] = []
+    listing = False
+    for ln in text.splitlines():
+        ln = ln.strip()
+        if ln.startswith("Config search path"):
+            break
+        if not ln or _HYDRA_NOISE.match(ln):
+            continue
+        if listing:
+            out[-1] += (" " if out[-1].endswith(":") else ", ") + ln
+        else:
+            out.append(ln)
+        listing = ln.endswith(":") or listing
+    return "; ".join(out) if out else text.strip()
+
+
+def _refuse(exc: BaseException) -> None:
+    """Exit with the one-line rule if `exc` is a user error; return (for the caller to re-raise) if not."""
+    message = user_message(exc)
+    if message is None:
+        return
+    if os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+        traceback.print_exception(exc)
+    sys.stdout.flush()
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    raise SystemExit(USER_ERROR_STATUS) from None
+
+
+def user_errors(fn: Callable) -> Callable:
+    """Decorate an entry point's task function (under `@hydra.main`): a user error raised inside
+    exits at once by the one-line rule, before Hydra can print its `Error executing job` banner."""
+
+    @functools.wraps(fn)
+    def task(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a bug is re-raised untouched
+            _refuse(exc)
+            raise
+
+    return task
+
+
+def run_entry(main: Callable[[], object]) -> None:
+    """Call a `@hydra.main` function under the user-error rule (see the module docstring); Hydra's
+    own composition errors (a misspelt key or group option, a value of the wrong type) are
+    caught here, the task's own by `user_errors`.
+
+    A user error prints `error: <one line>` on stderr (the traceback first when
+    `DFLASH2_DEBUG=1`) and exits with status 2; `SystemExit` and other exceptions pass through.
+    """
+    saved = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"   # Hydra re-raises instead of printing its own report
+    try:
+        main()
+    except Exception as exc:  # noqa: BLE001 - a bug is re-raised untouched
+        _refuse(exc)
+        raise
+    finally:
+        if saved is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = saved
+
+
+def resume_note(job: str, out_dir: str | os.PathLike, patterns: tuple[str, ...]) -> str:
+    """What a `resume=true` run of `job` finds in `out_dir`: the rows already in each JSONL file
+    matching `patterns` (kept, not redone), or that there is nothing to resume."""
+    import warnings
+
+    from dflash2.jsonl import read_jsonl
+
+    out = Path(out_dir)
+    found = []
+    for pattern in patterns:
+        for path in sorted(out.glob(pattern)):
+            with warnings.catch_warnings():   # a torn last line is reported when the run repairs it
+                warnings.simplefilter("ignore")
+                found.append(f"{len(read_jsonl(path))} rows in {path}")
+    if not found:
+        return f"[{job}] resume: nothing to resume in {out}: starting from the beginning"
+    return f"[{job}] resume: continuing after " + ", ".join(found)
