@@ -248,7 +248,8 @@ def assemble(asset: SplitGGUF, dest: Path) -> Path:
 
 def split_gguf(name: str, *, verify: bool = False, directory: Path | None = None) -> Path:
     """The assembled GGUF of split asset `name`: the cached copy when it checks out (size and
-    digest marker; `verify=True` rehashes it instead), else assembled from the installed parts.
+    digest marker; `verify=True` rehashes it instead; a copy of the right size whose marker is
+    missing or stale is rehashed, so it needs no parts), else assembled from the installed parts.
 
     Args:
         name: a key of `SPLIT_GGUFS`.
@@ -261,16 +262,15 @@ def split_gguf(name: str, *, verify: bool = False, directory: Path | None = None
     """
     asset = split_asset(name)
     path = (directory or cache_dir()) / asset.file_name
-    if _trusted(asset, path, verify):
-        if verify:
-            _write_marker(asset, path)
+    if _trusted(asset, path, verify) or (not verify and _trusted(asset, path, verify=True)):
+        _write_marker(asset, path)  # (re)stamped: the next load trusts the marker again
         return path
     return assemble(asset, path)
 
 
 def split_gguf_available(name: str, directory: Path | None = None) -> bool:
-    """True when `split_gguf(name)` can work without assembling anew or when every part is
-    installed (cheap: no hashing)."""
+    """True when the cache holds a copy its marker vouches for, or every part is installed
+    (cheap: nothing is hashed, so a cached copy without its marker counts only through its parts)."""
     asset = split_asset(name)
     if _trusted(asset, (directory or cache_dir()) / asset.file_name, verify=False):
         return True

