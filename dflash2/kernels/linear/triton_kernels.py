@@ -1,0 +1,90 @@
+# Small-M linear, y[m, n] = sum_k x[m, k] * W[n, k] + b[n], streaming the weights once.
+#
+# W is [N, K] with K contiguous (the nn.Linear layout), x is [M, K] with M <= BLOCK_M rows.
+# Stage 1, one program per (output-column tile t, K split s): it owns the BLOCK_N columns
+# n = t * BLOCK_N + [0, BLOCK_N) and the K range [s * k_chunk, min((s + 1) * k_chunk, K)),
+# walks that range in BLOCK_K chunks (wide loads of the W tile [BLOCK_N, BLOCK_K], pipelined
+# num_stages deep), and keeps the partial sums of all BLOCK_M rows in registers as the
+# transposed tile acc[n, m] = sum_k W[n, k] x[m, k] (W is the MMA's A operand, so the tile's
+# long side BLOCK_N is the MMA's M side and the few rows of x its N side: "swap AB").
+# With one split the program adds the bias and writes y; with several it writes its fp32
+# partial to part[s, m, n], and stage 2 sums the splits in the fixed order s = 0, 1, ..., adds
+# the bias and rounds once.
+#
+# Row invariance: nothing in either stage depends on M or on another row's values. BLOCK_M is
+# fixed by the launcher (not chosen from M), masked rows are zeros, each output element is one
+# fixed sequence of MMAs over K and one fixed-order sum over splits, so row i's result is the
+# same bits whether it is computed alone or with 31 other rows.
+#
+# WIDEN is set for CPU tensors (the Triton interpreter, in tests) only: the interpreter's dot
+# multiplies bf16 / fp16 tiles as their raw 16-bit integers, so they are widened to fp32 first.
+# A product of two 16-bit floats is exact in fp32, so this is the tensor cores' arithmetic
+# (exact products, fp32 sums) up to the order of the sums inside one MMA.
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _small_m_linear_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr,
+    M, N, K, k_chunk,
+    s_xm, s_wn, s_om, s_part,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_PARTIAL: tl.constexpr, IEEE: tl.constexpr,
+    WIDEN: tl.constexpr,
+):
+    t = tl.program_id(0)
+    s = tl.program_id(1)
+    rn = t * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output columns = rows of W
+    rm = tl.arange(0, BLOCK_M)  # [BLOCK_M] rows of x
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    m_ok = rm < M
+    k_start = s * k_chunk
+    k_end = tl.minimum(k_start + k_chunk, K)
+    w_ptrs = w_ptr + rn[:, None] * s_wn + (k_start + rk)[None, :]  # [BLOCK_N, BLOCK_K]
+    x_ptrs = x_ptr + rm[None, :] * s_xm + (k_start + rk)[:, None]  # [BLOCK_K, BLOCK_M] = x^T
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        if EVEN_K:  # K and k_chunk are multiples of BLOCK_K: no K mask, full-width loads
+            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+            xt = tl.load(x_ptrs, mask=m_ok[None, :], other=0.0)
+        else:
+            k_ok = (k0 + rk) < k_end
+            w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            xt = tl.load(x_ptrs, mask=m_ok[None, :] & k_ok[:, None], other=0.0)
+        if WIDEN:  # interpreter only: its dot multiplies 16-bit floats as raw integers
+            w = w.to(tl.float32)
+            xt = xt.to(tl.float32)
+        if IEEE or WIDEN:  # fp32 (or widened) tiles: full fp32 products (tf32 would round them)
+            acc = tl.dot(w, xt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, xt, acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if WRITE_PARTIAL:
+        p_ptrs = out_ptr + s * s_part + rm[None, :] * N + rn[:, None]  # part[s, m, n], fp32
+        tl.store(p_ptrs, acc, mask=n_ok[:, None] & m_ok[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        o_ptrs = out_ptr + rm[None, :] * s_om + rn[:, None]
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+
+
+@triton.jit
+def _split_k_reduce_kernel(
+    part_ptr, b_ptr, out_ptr,
+    M, N, s_part, s_om,
+    SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    # y[m, n] = (sum over s = 0 .. SPLITS - 1, in that order, of part[s, m, n]) + b[n].
+    m = tl.program_id(1)
+    rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    n_ok = rn < N
+    acc = tl.load(part_ptr + m * N + rn, mask=n_ok, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(part_ptr + s * s_part + m * N + rn, mask=n_ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * s_om + rn, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
