@@ -213,8 +213,9 @@ def bench_sweep(rows: tuple[int, ...], copy_gbs: float, replays: int, grid_args:
             except Exception as exc:  # a tiling the compiler refuses (shared memory, registers)
                 results.append(dict(config=config.__dict__, error=f"{type(exc).__name__}: {exc}"[:200]))
                 continue
-            results.append(dict(config=config.__dict__, us=us,
-                                pct_copy={m: 100 * linear_bytes(m, n, k) / t / 1e3 / copy_gbs for m, t in us.items()}))
+            pct = {m: 100 * linear_bytes(m, n, k) / t / 1e3 / copy_gbs for m, t in us.items()}
+            results.append(dict(config=config.__dict__, us=us, pct_copy=pct))
+            print(f"sweep {name} {config}: % copy " + " ".join(f"M{m}={p:.1f}" for m, p in pct.items()), flush=True)
         ok = [r for r in results if "us" in r]
         out[name] = dict(n=n, k=k, results=results, best=best_config(ok) if ok else None)
         del ws

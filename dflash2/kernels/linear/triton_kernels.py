@@ -12,7 +12,8 @@
 # the bias and rounds once.
 #
 # Row invariance: nothing in either stage depends on M or on another row's values. BLOCK_M is
-# fixed by the launcher (not chosen from M), masked rows are zeros, each output element is one
+# fixed by the launcher (not chosen from M), M is not specialized (one binary for all M),
+# masked rows are zeros, each output element is one
 # fixed sequence of MMAs over K and one fixed-order sum over splits, so row i's result is the
 # same bits whether it is computed alone or with 31 other rows.
 #
@@ -24,7 +25,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one binary for every row count (M = 1 would be specialized)
 def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr,
     M, N, K, k_chunk,
@@ -72,7 +73,7 @@ def _small_m_linear_kernel(
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _split_k_reduce_kernel(
     part_ptr, b_ptr, out_ptr,
     M, N, s_part, s_om,
