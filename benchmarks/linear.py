@@ -31,7 +31,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from dflash2.kernels.linear import LinearConfig, MAX_ROWS, default_config, small_m_linear
+from dflash2.kernels.linear import (MAX_ROWS, LinearConfig, SmallMLinearMode, default_config, small_m_linear,
+                                    ticket_buffer)
 
 HIDDEN, HEAD_DIM, HEADS, KV_HEADS, INTER, VOCAB, LAYERS = 4096, 128, 32, 8, 12288, 151936, 36
 # (name, N, K, calls per layer); the lm_head runs once per step, i.e. 1 / LAYERS per layer.
@@ -128,13 +129,17 @@ def time_graph_us(fn: Callable[[int], object], calls: int, replays: int) -> floa
     return statistics.median(times)
 
 
-def copy_bandwidth_gbs(replays: int, nbytes: int = 2 << 30) -> float:
-    """Device-to-device copy bandwidth, bytes read + written per second (GB/s)."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth, bytes read + written per second (GB/s): a 1 GiB fp32
+    `copy_` of random data timed eagerly, as `dflash2.kernels.bench` and the engine bench do (a
+    memcpy node inside a CUDA graph ran at about two thirds of that on the H200)."""
+    import triton
+
+    src = torch.randn(nbytes // 4, device="cuda")
     dst = torch.empty_like(src)
-    us = time_graph_us(lambda i: dst.copy_(src), 4, replays)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
     del src, dst
-    return 2 * nbytes / us / 1e3
+    return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
 def _weights(n: int, k: int, copies: int) -> list[torch.Tensor]:
@@ -152,11 +157,13 @@ def bench_shapes(rows: tuple[int, ...], copy_gbs: float, replays: int, sms: int)
         ws = _weights(n, k, copies_for(2 * n * k))
         calls = calls_for(2 * n * k, len(ws))
         config = default_config(n, k, torch.bfloat16, sms)
+        tickets = ticket_buffer("cuda")
         for m in rows:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-            err = _rel_error(small_m_linear(x, ws[0], impl="triton", config=config), F.linear(x, ws[0]))
-            t_kernel = time_graph_us(lambda i: small_m_linear(x, ws[i % len(ws)], impl="triton", config=config),
-                                     calls, replays)
+            err = _rel_error(small_m_linear(x, ws[0], impl="triton", config=config, tickets=tickets),
+                             F.linear(x, ws[0]))
+            t_kernel = time_graph_us(lambda i: small_m_linear(x, ws[i % len(ws)], impl="triton", config=config,
+                                                              tickets=tickets), calls, replays)
             t_cublas = time_graph_us(lambda i: F.linear(x, ws[i % len(ws)]), calls, replays)
             nbytes = linear_bytes(m, n, k)
             results.append(dict(shape=name, n=n, k=k, m=m, config=config.__dict__, kernel_us=t_kernel,
@@ -170,12 +177,13 @@ def bench_shapes(rows: tuple[int, ...], copy_gbs: float, replays: int, sms: int)
     return results
 
 
-def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int, sms: int) -> list[dict]:
-    """One decode step's linears of the 8B target (distinct weights per layer) as one graph."""
+def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[dict]:
+    """One decode step's linears of the 8B target (distinct weights per layer) as one graph: the
+    kernel through `SmallMLinearMode` (the engine's path) against plain `F.linear`."""
     layers = [[(torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * k ** -0.5) for _, n, k in LAYER_LINEARS]
               for _ in range(LAYERS)]
     head = torch.randn(VOCAB, HIDDEN, dtype=torch.bfloat16, device="cuda") * HIDDEN ** -0.5
-    configs = {(n, k): default_config(n, k, torch.bfloat16, sms) for _, n, k in LAYER_LINEARS + (("h", VOCAB, HIDDEN),)}
+    mode = SmallMLinearMode("triton", "cuda")
     results = []
     for m in rows:
         xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (HIDDEN, INTER)}
@@ -186,8 +194,11 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int, sms: int) 
                     linear(xs[w.shape[1]], w)
             linear(xs[HIDDEN], head)
 
-        t_kernel = time_graph_us(lambda i: step(lambda x, w: small_m_linear(
-            x, w, impl="triton", config=configs[tuple(w.shape)])), 1, replays)
+        def routed_step(i):
+            with mode:
+                step(F.linear)
+
+        t_kernel = time_graph_us(routed_step, 1, replays)
         t_cublas = time_graph_us(lambda i: step(F.linear), 1, replays)
         nbytes = stack_bytes(m)
         results.append(dict(m=m, kernel_ms=t_kernel / 1e3, cublas_ms=t_cublas / 1e3, bytes=nbytes,
@@ -205,11 +216,12 @@ def bench_sweep(rows: tuple[int, ...], copy_gbs: float, replays: int, grid_args:
         ws = _weights(n, k, copies_for(2 * n * k))
         calls = calls_for(2 * n * k, len(ws))
         xs = {m: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for m in rows}
+        tickets = ticket_buffer("cuda")
         results = []
         for config in sweep_grid(k=k, **grid_args):
             try:
-                us = {m: time_graph_us(lambda i: small_m_linear(xs[m], ws[i % len(ws)], impl="triton", config=config),
-                                       calls, replays) for m in rows}
+                us = {m: time_graph_us(lambda i: small_m_linear(xs[m], ws[i % len(ws)], impl="triton", config=config,
+                                                                 tickets=tickets), calls, replays) for m in rows}
             except Exception as exc:  # a tiling the compiler refuses (shared memory, registers)
                 results.append(dict(config=config.__dict__, error=f"{type(exc).__name__}: {exc}"[:200]))
                 continue
@@ -251,10 +263,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rows", type=int, nargs="+", default=None, help=f"row counts M (default {ROWS})")
     ap.add_argument("--quick", action="store_true", help=f"rows {QUICK_ROWS}, fewer replays (< 2 min)")
     ap.add_argument("--sweep", action="store_true", help="also time the tiling grid per shape")
-    ap.add_argument("--block-n", type=int, nargs="+", default=[32, 64, 128])
-    ap.add_argument("--block-k", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--block-n", type=int, nargs="+", default=[16, 32, 64, 128])
+    ap.add_argument("--block-k", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--warps", type=int, nargs="+", default=[4])
-    ap.add_argument("--stages", type=int, nargs="+", default=[3, 4])
+    ap.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5])
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--no-stack", action="store_true", help="skip the whole-stack graph (15 GB of weights)")
     ap.add_argument("--out", default=None, help="write the JSON report here")
@@ -268,10 +280,10 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.time()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     report: dict = dict(device=torch.cuda.get_device_name(0), sms=sms, rows=list(rows),
-                        copy_gbs=copy_bandwidth_gbs(replays))
+                        copy_gbs=copy_bandwidth_gbs())
     with torch.no_grad():
         report["shapes"] = bench_shapes(rows, report["copy_gbs"], replays, sms)
-        report["stack"] = [] if args.no_stack else bench_stack(rows, report["copy_gbs"], replays, sms)
+        report["stack"] = [] if args.no_stack else bench_stack(rows, report["copy_gbs"], replays)
         if args.sweep:
             grid = dict(block_n=args.block_n, block_k=args.block_k, warps=args.warps, stages=args.stages,
                         splits=args.splits)

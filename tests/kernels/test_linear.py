@@ -20,7 +20,7 @@ import dflash2.kernels.linear as lin
 from benchmarks.linear import (SHAPES, best_config, calls_for, copies_for, linear_bytes, markdown_table,
                                stack_bytes, sweep_grid)
 from dflash2.kernels.linear import (MAX_ROWS, LinearConfig, SmallMLinearMode, default_config, kernel_fits,
-                                    linear_reference, small_m_linear)
+                                    linear_reference, small_m_linear, ticket_buffer)
 
 FP32_EPS = 2.0**-24  # unit roundoff of fp32 (the accumulator)
 HALF_ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}  # relative, of |y|
@@ -127,23 +127,37 @@ def test_tiling_is_checked_and_covers_k_without_empty_splits():
 
 @pytest.mark.parametrize("name, n, k, _", SHAPES, ids=[s[0] for s in SHAPES])
 def test_default_tiling_fills_an_h200(name, n, k, _):
-    """At the 8B shapes the default tiling gives >= 2 programs per SM (132 SMs) or, where K runs
-    out first, splits of at least four K blocks; it never depends on the row count."""
+    """At the 8B shapes the default tiling gives about one program per SM (132 SMs) or, where K
+    runs out first, splits of at least eight K blocks; it never depends on the row count."""
     c = default_config(n, k, torch.bfloat16, 132)
     chunk, splits = lin._split_chunk(k, c.block_k, c.split_k)
     programs = -(-n // c.block_n) * splits
-    assert programs >= 2 * 132 or chunk >= 4 * c.block_k
+    assert programs >= 0.9 * 132 or chunk < 16 * c.block_k
+    assert chunk >= 8 * c.block_k or splits == 1
     assert kernel_fits(1, n, k, torch.bfloat16) and kernel_fits(MAX_ROWS, n, k, torch.bfloat16)
     assert not kernel_fits(MAX_ROWS + 1, n, k, torch.bfloat16) and not kernel_fits(1, n, k, torch.float64)
+
+
+def test_split_tickets_are_left_at_zero_and_reused(triton_device):
+    """Split K: the counters a call draws are back at zero afterwards, so one buffer serves
+    every later call (and every CUDA-graph replay)."""
+    x, w, b = _operands(4, 37, 70, torch.bfloat16, triton_device)
+    tickets = ticket_buffer(triton_device, 8)
+    config = LinearConfig(16, 16, 3)
+    first = small_m_linear(x, w, b, impl="triton", config=config, tickets=tickets)
+    assert not tickets.any()
+    assert torch.equal(small_m_linear(x, w, b, impl="triton", config=config, tickets=tickets), first)
+    assert torch.equal(small_m_linear(x, w, b, impl="triton", config=config), first)  # fresh counters
 
 
 def test_mode_routes_only_what_it_should(monkeypatch, triton_device):
     routed = []
     real = lin._small_m_linear_triton
 
-    def spy(x, weight, bias, config):
+    def spy(x, weight, bias, config, tickets):
         routed.append((tuple(x.shape), tuple(weight.shape), config))
-        return real(x, weight, bias, config)
+        assert tickets is mode.tickets  # the mode's own counters, reused
+        return real(x, weight, bias, config, tickets)
 
     monkeypatch.setattr(lin, "_small_m_linear_triton", spy)
     custom = LinearConfig(16, 16, 2)
@@ -170,6 +184,7 @@ def test_mode_routes_only_what_it_should(monkeypatch, triton_device):
     assert [r[:2] for r in routed] == [((3, 40), (24, 40)), ((8, 40), (24, 40))]
     assert routed[0][2] == custom and routed[1][2] == custom
     assert torch.equal(y, real(x, layer.weight, layer.bias, custom))
+    assert not mode.tickets.any()  # every split call left its counters at zero
     assert mode.routes(x.to(dt), layer.weight.detach(), None)
     assert not mode.routes(x.to("meta"), layer.weight.detach().to("meta"), None)  # other device type
 
@@ -226,7 +241,8 @@ def test_8b_shapes_on_gpu_row_invariant_and_accurate(name, n, k, _, cuda_device,
 
 @pytest.mark.gpu
 def test_mode_under_cuda_graph_capture(cuda_device):
-    """A routed linear captured in a CUDA graph replays on new input data like an eager call."""
+    """A routed linear (K split over programs at this shape) captured in a CUDA graph replays on
+    new input data like an eager call."""
     layer = torch.nn.Linear(4096, 1024, dtype=torch.bfloat16, device=cuda_device)
     x = torch.randn(8, 4096, dtype=torch.bfloat16, device=cuda_device)
     mode = SmallMLinearMode("triton", cuda_device)
@@ -236,8 +252,9 @@ def test_mode_under_cuda_graph_capture(cuda_device):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             y = layer(x)
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y, layer(x))
+        for _ in range(2):  # twice: the split's tickets must be back at zero after a replay
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y, layer(x))
         assert (y.float() - F.linear(x, layer.weight, layer.bias).float()).abs().max() < 0.05

@@ -4,7 +4,8 @@ At decode and verify sizes (M = 1..32 rows of a Qwen3-8B-shaped target) a linear
 read of its weight matrix; cuBLAS reads it at about 3.0 TB/s on an H200 at M = 1, where a
 device-to-device copy moves 4.1-4.3 (issue 21 item 3). The Triton kernel (`triton_kernels.py`)
 streams `weight [N, K]` in `[block_n, block_k]` tiles with all rows' partial sums in registers
-and an optional split over K whose partials are summed in a fixed order.
+and an optional split over K whose partials the last split to finish sums in a fixed order
+(one launch).
 
 Guarantees of the Triton path:
 - **Row invariance.** The tiling (`LinearConfig`) is chosen from `(N, K, dtype, SM count)`,
@@ -18,6 +19,9 @@ Guarantees of the Triton path:
   launch grid, the split and the workspace size depend on shapes only. It allocates its output
   and, with a split, a `[split, M, N]` fp32 workspace through PyTorch's caching allocator, so
   under `torch.cuda.graph` both come from the graph's private pool, as any op's output does.
+  A split also needs a ticket counter per column tile, zero between calls: pass a long-lived
+  `ticket_buffer` (the mode keeps one; each call leaves it at zero, so replays find it so), or
+  a zeroed one is allocated per call.
   The first call per (shape, dtype, config) compiles the kernel: make it (a warm-up step)
   before capture, as for every Triton kernel.
 
@@ -43,12 +47,12 @@ except ImportError:  # triton missing: only impl="torch" works (resolve_impl say
     _tk = None
 
 __all__ = ["small_m_linear", "linear_reference", "kernel_fits", "LinearConfig", "default_config",
-           "SmallMLinearMode", "MAX_ROWS", "DTYPES"]
+           "ticket_buffer", "SmallMLinearMode", "MAX_ROWS", "DTYPES"]
 
 MAX_ROWS = 32  # decode / verify blocks; the row tile is always this wide (row invariance)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _DEFAULT_SMS = 132  # an H200; the interpreter (CPU) has no SM count of its own
-_REDUCE_BLOCK = 1024
+TICKETS = 1 << 14  # split-K counters a mode keeps: column tiles of the widest layer (lm_head / 16)
 
 
 @dataclass(frozen=True)
@@ -76,15 +80,16 @@ def default_config(n: int, k: int, dtype: torch.dtype, sm_count: int = _DEFAULT_
     """The tiling used for `weight [n, k]` of `dtype` on a GPU with `sm_count` SMs.
 
     A pure function of its arguments (never of the number of rows: that is what makes the kernel
-    row-invariant). Column tiles of 64 where that still gives two tiles per SM, else 32; K is
-    split in powers of two until there are at least two programs per SM, keeping at least four
-    `block_k` steps per split.
+    row-invariant). Column tiles of 64 and K steps of 128 (64 in fp32), the best tiling of the
+    sweep at the 8B shapes (docs/PERFORMANCE.md); K is split in powers of two while the programs
+    number fewer than about one per SM (0.9 x, so 128 programs on 132 SMs is enough) and every
+    split keeps at least eight K steps.
     """
     block_k = 64 if dtype == torch.float32 else 128
-    block_n = 64 if -(-n // 64) >= 2 * sm_count else 32
+    block_n = 64
     tiles = -(-n // block_n)
     split = 1
-    while tiles * split < 2 * sm_count and k >= 2 * split * 4 * block_k:
+    while tiles * split < 0.9 * sm_count and k >= 2 * split * 8 * block_k:
         split *= 2
     return LinearConfig(block_n=block_n, block_k=block_k, split_k=split)
 
@@ -103,31 +108,37 @@ def _split_chunk(k: int, block_k: int, split_k: int) -> tuple[int, int]:
     return chunk, -(-k // chunk)
 
 
+def ticket_buffer(device: torch.device | str, size: int = TICKETS) -> torch.Tensor:
+    """A zeroed int32 buffer of split-K tickets for `small_m_linear(..., tickets=...)`: one counter
+    per column tile, left at zero by every call. Calls that share one must be stream-ordered."""
+    return torch.zeros(size, dtype=torch.int32, device=device)
+
+
 def _small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                           config: LinearConfig) -> torch.Tensor:
+                           config: LinearConfig, tickets: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton path on `x [M, K]` (M <= MAX_ROWS, unit stride along K), `weight [N, K]`
-    (unit stride along K), `bias [N] | None`; returns a new `[M, N]` tensor of `x.dtype`."""
+    (unit stride along K), `bias [N] | None`; returns a new `[M, N]` tensor of `x.dtype`.
+    `tickets` (split K only): a `ticket_buffer` with at least one counter per column tile; None
+    zeroes a fresh one."""
     m, k = x.shape
     n = weight.shape[0]
     chunk, splits = _split_chunk(k, config.block_k, config.split_k)
-    even_k = k % config.block_k == 0  # then every split's range is whole blocks
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     tiles = -(-n // config.block_n)
-    common = dict(BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=even_k,
-                  HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
-                  WIDEN=x.device.type == "cpu" and x.dtype != torch.float32,
-                  num_warps=config.num_warps, num_stages=config.num_stages)
-    b = bias if bias is not None else weight  # never read without HAS_BIAS
-    if splits == 1:
-        _tk._small_m_linear_kernel[(tiles, 1)](x, weight, b, out, m, n, k, chunk, x.stride(0), weight.stride(0),
-                                               out.stride(0), 0, WRITE_PARTIAL=False, **common)
-        return out
-    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)  # [split, M, N]
-    _tk._small_m_linear_kernel[(tiles, splits)](x, weight, b, part, m, n, k, chunk, x.stride(0), weight.stride(0),
-                                                0, m * n, WRITE_PARTIAL=True, **common)
-    _tk._split_k_reduce_kernel[(-(-n // _REDUCE_BLOCK), m)](part, b, out, m, n, m * n, out.stride(0), SPLITS=splits,
-                                                            BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None,
-                                                            num_warps=4)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if splits > 1:
+        part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)  # [split, M, N]
+        if tickets is None or tickets.numel() < tiles:
+            tickets = ticket_buffer(x.device, tiles)
+    else:
+        part = tickets = out  # never read with one split
+    _tk._small_m_linear_kernel[(tiles, splits)](
+        x, weight, bias if bias is not None else weight, out, part, tickets, m, n, k, chunk,
+        x.stride(0), weight.stride(0), out.stride(0),
+        BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLITS=splits,
+        EVEN_K=k % config.block_k == 0,  # then every split's range is whole blocks
+        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
+        WIDEN=x.device.type == "cpu" and x.dtype != torch.float32,
+        num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
 
@@ -140,7 +151,8 @@ def _check_operands(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                   impl: str = "torch", config: LinearConfig | None = None) -> torch.Tensor:
+                   impl: str = "torch", config: LinearConfig | None = None,
+                   tickets: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for `x [..., K]` with at most `MAX_ROWS` rows in all.
 
     Args:
@@ -152,6 +164,8 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         config: the Triton tiling; None takes `default_config` for the weight's shape (with the
             device's SM count on CUDA). Pass the same config for every row count to keep the
             row invariance.
+        tickets: for tilings that split K, a `ticket_buffer` on `x`'s device (reused, stream-
+            ordered calls only); None zeroes a fresh one per call (one memset more).
     Returns:
         `[..., N]` in `x`'s dtype.
     Raises:
@@ -185,7 +199,7 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     bias = None if bias is None else bias.contiguous()
-    return _small_m_linear_triton(x2, weight, bias, config).reshape(*x.shape[:-1], n)
+    return _small_m_linear_triton(x2, weight, bias, config, tickets).reshape(*x.shape[:-1], n)
 
 
 class SmallMLinearMode(TorchFunctionMode):
@@ -204,8 +218,10 @@ class SmallMLinearMode(TorchFunctionMode):
         configs: optional tilings by `(N, K)` (from `python -m benchmarks.linear --sweep`); other
             shapes take `default_config`.
 
-    The mode holds no per-call state; the CUDA-graph contract is `small_m_linear`'s. It is for
-    eager and CUDA-graph execution; entering it around `torch.compile`d code is not supported.
+    The mode's only state is its split-K `tickets` (zero between calls, so it may be captured in
+    CUDA graphs and replayed); calls through one mode must be stream-ordered. The CUDA-graph
+    contract is otherwise `small_m_linear`'s. It is for eager and CUDA-graph execution; entering
+    it around `torch.compile`d code is not supported.
     """
 
     def __init__(self, impl: str, device: torch.device | str,
@@ -218,6 +234,9 @@ class SmallMLinearMode(TorchFunctionMode):
         self.sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
                          if self.device.type == "cuda" else _DEFAULT_SMS)
         self.configs = dict(configs or {})
+        # Split-K counters, zero between calls (each call leaves them so): calls through one mode
+        # must be stream-ordered, as one stream or one graph's replays are.
+        self.tickets = ticket_buffer(self.device) if impl == "triton" else None
 
     def config_for(self, n: int, k: int, dtype: torch.dtype) -> LinearConfig:
         """The tiling for `weight [n, k]`: an entry of `configs`, else `default_config`."""
@@ -247,5 +266,5 @@ class SmallMLinearMode(TorchFunctionMode):
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             if self.routes(x, weight, bias):
                 config = self.config_for(weight.shape[0], weight.shape[1], x.dtype)
-                return small_m_linear(x, weight, bias, impl="triton", config=config)
+                return small_m_linear(x, weight, bias, impl="triton", config=config, tickets=self.tickets)
         return func(*args, **kwargs)

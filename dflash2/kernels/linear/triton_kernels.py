@@ -7,15 +7,18 @@
 # num_stages deep), and keeps the partial sums of all BLOCK_M rows in registers as the
 # transposed tile acc[n, m] = sum_k W[n, k] x[m, k] (W is the MMA's A operand, so the tile's
 # long side BLOCK_N is the MMA's M side and the few rows of x its N side: "swap AB").
-# With one split the program adds the bias and writes y; with several it writes its fp32
-# partial to part[s, m, n], and stage 2 sums the splits in the fixed order s = 0, 1, ..., adds
-# the bias and rounds once.
+# With one split the program adds the bias and writes y. With several it writes its fp32
+# partial to part[s, m, n] and takes a ticket (an atomic counter per column tile, zero between
+# calls); the program that draws the last ticket reads all partials back, sums them in the fixed
+# order s = 0, 1, ..., adds the bias, rounds once, writes y and sets the counter back to zero.
+# Which program finishes last varies from run to run; the order of the sum does not, so the
+# result is deterministic, and no second launch is needed.
 #
-# Row invariance: nothing in either stage depends on M or on another row's values. BLOCK_M is
+# Row invariance: nothing in the kernel depends on M or on another row's values. BLOCK_M is
 # fixed by the launcher (not chosen from M), M is not specialized (one binary for all M),
-# masked rows are zeros, each output element is one
-# fixed sequence of MMAs over K and one fixed-order sum over splits, so row i's result is the
-# same bits whether it is computed alone or with 31 other rows.
+# masked rows are zeros, each output element is one fixed sequence of MMAs over K and one
+# fixed-order sum over splits, so row i's result is the same bits whether it is computed alone
+# or with 31 other rows.
 #
 # WIDEN is set for CPU tensors (the Triton interpreter, in tests) only: the interpreter's dot
 # multiplies bf16 / fp16 tiles as their raw 16-bit integers, so they are widened to fp32 first.
@@ -27,12 +30,11 @@ import triton.language as tl
 
 @triton.jit(do_not_specialize=["M"])  # one binary for every row count (M = 1 would be specialized)
 def _small_m_linear_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr,
+    x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, ticket_ptr,
     M, N, K, k_chunk,
-    s_xm, s_wn, s_om, s_part,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_PARTIAL: tl.constexpr, IEEE: tl.constexpr,
-    WIDEN: tl.constexpr,
+    s_xm, s_wn, s_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
+    EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, WIDEN: tl.constexpr,
 ):
     t = tl.program_id(0)
     s = tl.program_id(1)
@@ -41,6 +43,7 @@ def _small_m_linear_kernel(
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     m_ok = rm < M
+    out_ok = n_ok[:, None] & m_ok[None, :]
     k_start = s * k_chunk
     k_end = tl.minimum(k_start + k_chunk, K)
     w_ptrs = w_ptr + rn[:, None] * s_wn + (k_start + rk)[None, :]  # [BLOCK_N, BLOCK_K]
@@ -63,29 +66,22 @@ def _small_m_linear_kernel(
             acc = tl.dot(w, xt, acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    if WRITE_PARTIAL:
-        p_ptrs = out_ptr + s * s_part + rm[None, :] * N + rn[:, None]  # part[s, m, n], fp32
-        tl.store(p_ptrs, acc, mask=n_ok[:, None] & m_ok[None, :])
-    else:
+    o_ptrs = out_ptr + rm[None, :] * s_om + rn[:, None]
+    if SPLITS == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-        o_ptrs = out_ptr + rm[None, :] * s_om + rn[:, None]
-        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
-
-
-@triton.jit(do_not_specialize=["M"])
-def _split_k_reduce_kernel(
-    part_ptr, b_ptr, out_ptr,
-    M, N, s_part, s_om,
-    SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-):
-    # y[m, n] = (sum over s = 0 .. SPLITS - 1, in that order, of part[s, m, n]) + b[n].
-    m = tl.program_id(1)
-    rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    n_ok = rn < N
-    acc = tl.load(part_ptr + m * N + rn, mask=n_ok, other=0.0)
-    for s in tl.static_range(1, SPLITS):
-        acc += tl.load(part_ptr + s * s_part + m * N + rn, mask=n_ok, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m * s_om + rn, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_ok)
+    else:
+        p_ptrs = part_ptr + rm[None, :] * N + rn[:, None]  # part[s, m, n], fp32, split stride M * N
+        tl.store(p_ptrs + s * M * N, acc, mask=out_ok)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        arrived = tl.atomic_add(ticket_ptr + t, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:  # the last split of this tile to finish sums them all, in order
+            tl.debug_barrier()
+            total = tl.load(p_ptrs, mask=out_ok, other=0.0, cache_modifier=".cg")
+            for i in tl.static_range(1, SPLITS):
+                total += tl.load(p_ptrs + i * M * N, mask=out_ok, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+            tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_ok)
+            tl.store(ticket_ptr + t, 0)  # reset for the next call (ordered by the kernel boundary)
