@@ -22,6 +22,7 @@ stdout, everything to `--out` as JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -75,13 +76,13 @@ def calls_for(weight_bytes: int, copies: int, budget: int = CALLS_PER_GRAPH_BYTE
     return passes * copies
 
 
-def sweep_grid(block_n, block_k, warps, stages, splits, k: int) -> list[LinearConfig]:
+def sweep_grid(block_n, block_k, warps, stages, splits, k: int, pdl=(True,)) -> list[LinearConfig]:
     """Every tiling of the grid that makes sense for `K = k`: no split shorter than two `block_k`
     steps (it would only add partials)."""
     out = []
-    for bn, bk, w, st, s in itertools.product(block_n, block_k, warps, stages, splits):
+    for bn, bk, w, st, s, p in itertools.product(block_n, block_k, warps, stages, splits, pdl):
         if s == 1 or k // s >= 2 * bk:
-            out.append(LinearConfig(block_n=bn, block_k=bk, split_k=s, num_warps=w, num_stages=st))
+            out.append(LinearConfig(block_n=bn, block_k=bk, split_k=s, num_warps=w, num_stages=st, pdl=bool(p)))
     return out
 
 
@@ -184,26 +185,36 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
               for _ in range(LAYERS)]
     head = torch.randn(VOCAB, HIDDEN, dtype=torch.bfloat16, device="cuda") * HIDDEN ** -0.5
     mode = SmallMLinearMode("triton", "cuda")
+    shapes = {(n, k) for _, n, k in LAYER_LINEARS} | {(VOCAB, HIDDEN)}
+    no_pdl = SmallMLinearMode("triton", "cuda", configs={
+        s: dataclasses.replace(mode.config_for(*s, torch.bfloat16), pdl=False) for s in shapes})
     results = []
     for m in rows:
         xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (HIDDEN, INTER)}
 
-        def step(linear):
+        def step(linear, between=False):
             for layer in layers:
                 for w in layer:
+                    if between:  # a small PyTorch kernel before each linear, as a norm or an add is
+                        xs[w.shape[1]].mul_(1.0)
                     linear(xs[w.shape[1]], w)
             linear(xs[HIDDEN], head)
 
-        def routed_step(i):
+        def routed_step(i, mode=mode, between=False):
             with mode:
-                step(F.linear)
+                step(F.linear, between)
 
         t_kernel = time_graph_us(routed_step, 1, replays)
+        t_no_pdl = time_graph_us(lambda i: routed_step(i, no_pdl), 1, replays)
         t_cublas = time_graph_us(lambda i: step(F.linear), 1, replays)
+        t_kernel_between = time_graph_us(lambda i: routed_step(i, between=True), 1, replays)
+        t_cublas_between = time_graph_us(lambda i: step(F.linear, between=True), 1, replays)
         nbytes = stack_bytes(m)
-        results.append(dict(m=m, kernel_ms=t_kernel / 1e3, cublas_ms=t_cublas / 1e3, bytes=nbytes,
+        results.append(dict(m=m, kernel_ms=t_kernel / 1e3, kernel_no_pdl_ms=t_no_pdl / 1e3, cublas_ms=t_cublas / 1e3,
+                            bytes=nbytes,
                             floor_ms=nbytes / copy_gbs / 1e6, kernel_pct_copy=100 * nbytes / t_kernel / 1e3 / copy_gbs,
-                            cublas_pct_copy=100 * nbytes / t_cublas / 1e3 / copy_gbs, speedup=t_cublas / t_kernel))
+                            cublas_pct_copy=100 * nbytes / t_cublas / 1e3 / copy_gbs, speedup=t_cublas / t_kernel,
+                            kernel_between_ms=t_kernel_between / 1e3, cublas_between_ms=t_cublas_between / 1e3))
     del layers, head
     torch.cuda.empty_cache()
     return results
@@ -244,9 +255,10 @@ def _print_tables(report: dict) -> None:
           r["kernel_pct_copy"], r["cublas_pct_copy"], r["speedup"]] for r in report["shapes"]]))
     print("\n8B linear stack per step (36 layers x q, k, v, o, gate, up, down + lm_head):\n")
     print(markdown_table(
-        ["M", "kernel ms", "cuBLAS ms", "bytes floor ms", "kernel % copy", "cuBLAS % copy", "speedup"],
-        [[r["m"], r["kernel_ms"], r["cublas_ms"], r["floor_ms"], r["kernel_pct_copy"], r["cublas_pct_copy"],
-          r["speedup"]] for r in report["stack"]]))
+        ["M", "kernel ms", "kernel ms, no PDL", "cuBLAS ms", "bytes floor ms", "kernel % copy", "cuBLAS % copy",
+         "speedup", "kernel ms, a kernel between", "cuBLAS ms, a kernel between"],
+        [[r["m"], r["kernel_ms"], r["kernel_no_pdl_ms"], r["cublas_ms"], r["floor_ms"], r["kernel_pct_copy"],
+          r["cublas_pct_copy"], r["speedup"], r["kernel_between_ms"], r["cublas_between_ms"]] for r in report["stack"]]))
     if report.get("sweep"):
         print("\nsweep, best tiling per shape (mean % of copy bandwidth over the rows):\n")
         rows = []
@@ -268,6 +280,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warps", type=int, nargs="+", default=[4])
     ap.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5])
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--pdl", type=int, nargs="+", default=[1], help="1: programmatic dependent launch, 0: off")
     ap.add_argument("--no-stack", action="store_true", help="skip the whole-stack graph (15 GB of weights)")
     ap.add_argument("--out", default=None, help="write the JSON report here")
     args = ap.parse_args(argv)
@@ -286,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict:
         report["stack"] = [] if args.no_stack else bench_stack(rows, report["copy_gbs"], replays)
         if args.sweep:
             grid = dict(block_n=args.block_n, block_k=args.block_k, warps=args.warps, stages=args.stages,
-                        splits=args.splits)
+                        splits=args.splits, pdl=args.pdl)
             report["sweep"] = bench_sweep(rows, report["copy_gbs"], max(3, replays // 4), grid)
             report["best_configs"] = {f"{s['n']}x{s['k']}": s["best"]["config"]
                                       for s in report["sweep"].values() if s["best"] is not None}

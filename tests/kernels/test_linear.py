@@ -220,6 +220,7 @@ def test_bench_helpers():
     assert calls % 64 == 0 and calls * (8 << 20) <= 4 << 30
     grid = sweep_grid([32, 64], [128, 256], [4], [3], [1, 4, 16], k=4096)
     assert LinearConfig(64, 256, 16, 4, 3) not in grid and LinearConfig(64, 128, 16, 4, 3) in grid
+    assert len(sweep_grid([64], [128], [4], [3], [1], k=4096, pdl=(1, 0))) == 2
     assert len(grid) == 2 * 2 * 3 - 2  # split 16 of K = 4096 is one block of 256: dropped for both block_n
     rows = [dict(config="a", pct_copy={1: 90.0, 32: 70.0}), dict(config="b", pct_copy={1: 85.0, 32: 80.0})]
     assert best_config(rows)["config"] == "b"

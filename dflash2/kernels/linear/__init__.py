@@ -59,13 +59,16 @@ TICKETS = 1 << 14  # split-K counters a mode keeps: column tiles of the widest l
 class LinearConfig:
     """One tiling of the kernel: `block_n` output columns and `block_k` inputs per step of a
     program, `split_k` programs over K per column tile, and Triton's `num_warps` /
-    `num_stages`. `block_n` and `block_k` are powers of two >= 16."""
+    `num_stages`. `block_n` and `block_k` are powers of two >= 16. `pdl`: launch with
+    programmatic dependent launch where the GPU has it (compute capability 9.0+), so the kernel
+    starts while the previous one on the stream drains (it waits for it before touching memory)."""
 
     block_n: int
     block_k: int
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    pdl: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -124,6 +127,7 @@ def _small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     n = weight.shape[0]
     chunk, splits = _split_chunk(k, config.block_k, config.split_k)
     tiles = -(-n // config.block_n)
+    pdl = config.pdl and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if splits > 1:
         part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)  # [split, M, N]
@@ -137,8 +141,8 @@ def _small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLITS=splits,
         EVEN_K=k % config.block_k == 0,  # then every split's range is whole blocks
         HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
-        WIDEN=x.device.type == "cpu" and x.dtype != torch.float32,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        WIDEN=x.device.type == "cpu" and x.dtype != torch.float32, PDL=pdl,
+        num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
     return out
 
 
