@@ -76,7 +76,7 @@ def calls_for(weight_bytes: int, copies: int, budget: int = CALLS_PER_GRAPH_BYTE
     return passes * copies
 
 
-def sweep_grid(block_n, block_k, warps, stages, splits, k: int, pdl=(True,)) -> list[LinearConfig]:
+def sweep_grid(block_n, block_k, warps, stages, splits, k: int, pdl=(False,)) -> list[LinearConfig]:
     """Every tiling of the grid that makes sense for `K = k`: no split shorter than two `block_k`
     steps (it would only add partials)."""
     out = []
@@ -186,8 +186,9 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
     head = torch.randn(VOCAB, HIDDEN, dtype=torch.bfloat16, device="cuda") * HIDDEN ** -0.5
     mode = SmallMLinearMode("triton", "cuda")
     shapes = {(n, k) for _, n, k in LAYER_LINEARS} | {(VOCAB, HIDDEN)}
-    no_pdl = SmallMLinearMode("triton", "cuda", configs={
-        s: dataclasses.replace(mode.config_for(*s, torch.bfloat16), pdl=False) for s in shapes})
+    flipped = SmallMLinearMode("triton", "cuda", configs={  # the default tilings, PDL the other way
+        s: dataclasses.replace(c, pdl=not c.pdl) for s in shapes for c in [mode.config_for(*s, torch.bfloat16)]})
+    pdl_default = mode.config_for(HIDDEN, HIDDEN, torch.bfloat16).pdl
     results = []
     for m in rows:
         xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (HIDDEN, INTER)}
@@ -205,12 +206,14 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
                 step(F.linear, between)
 
         t_kernel = time_graph_us(routed_step, 1, replays)
-        t_no_pdl = time_graph_us(lambda i: routed_step(i, no_pdl), 1, replays)
+        t_flipped = time_graph_us(lambda i: routed_step(i, flipped), 1, replays)
+        t_pdl, t_no_pdl = (t_kernel, t_flipped) if pdl_default else (t_flipped, t_kernel)
         t_cublas = time_graph_us(lambda i: step(F.linear), 1, replays)
         t_kernel_between = time_graph_us(lambda i: routed_step(i, between=True), 1, replays)
         t_cublas_between = time_graph_us(lambda i: step(F.linear, between=True), 1, replays)
         nbytes = stack_bytes(m)
-        results.append(dict(m=m, kernel_ms=t_kernel / 1e3, kernel_no_pdl_ms=t_no_pdl / 1e3, cublas_ms=t_cublas / 1e3,
+        results.append(dict(m=m, kernel_ms=t_kernel / 1e3, kernel_pdl_ms=t_pdl / 1e3, kernel_no_pdl_ms=t_no_pdl / 1e3,
+                            cublas_ms=t_cublas / 1e3,
                             bytes=nbytes,
                             floor_ms=nbytes / copy_gbs / 1e6, kernel_pct_copy=100 * nbytes / t_kernel / 1e3 / copy_gbs,
                             cublas_pct_copy=100 * nbytes / t_cublas / 1e3 / copy_gbs, speedup=t_cublas / t_kernel,
@@ -255,9 +258,9 @@ def _print_tables(report: dict) -> None:
           r["kernel_pct_copy"], r["cublas_pct_copy"], r["speedup"]] for r in report["shapes"]]))
     print("\n8B linear stack per step (36 layers x q, k, v, o, gate, up, down + lm_head):\n")
     print(markdown_table(
-        ["M", "kernel ms", "kernel ms, no PDL", "cuBLAS ms", "bytes floor ms", "kernel % copy", "cuBLAS % copy",
+        ["M", "kernel ms", "kernel ms, PDL", "kernel ms, no PDL", "cuBLAS ms", "bytes floor ms", "kernel % copy", "cuBLAS % copy",
          "speedup", "kernel ms, a kernel between", "cuBLAS ms, a kernel between"],
-        [[r["m"], r["kernel_ms"], r["kernel_no_pdl_ms"], r["cublas_ms"], r["floor_ms"], r["kernel_pct_copy"],
+        [[r["m"], r["kernel_ms"], r["kernel_pdl_ms"], r["kernel_no_pdl_ms"], r["cublas_ms"], r["floor_ms"], r["kernel_pct_copy"],
           r["cublas_pct_copy"], r["speedup"], r["kernel_between_ms"], r["cublas_between_ms"]] for r in report["stack"]]))
     if report.get("sweep"):
         print("\nsweep, best tiling per shape (mean % of copy bandwidth over the rows):\n")
@@ -280,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warps", type=int, nargs="+", default=[4])
     ap.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5])
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--pdl", type=int, nargs="+", default=[1], help="1: programmatic dependent launch, 0: off")
+    ap.add_argument("--pdl", type=int, nargs="+", default=[0], help="1: programmatic dependent launch, 0: off")
     ap.add_argument("--no-stack", action="store_true", help="skip the whole-stack graph (15 GB of weights)")
     ap.add_argument("--out", default=None, help="write the JSON report here")
     args = ap.parse_args(argv)

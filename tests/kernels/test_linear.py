@@ -12,6 +12,8 @@ be a whole ulp off; compiled kernels round to nearest even.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -259,3 +261,28 @@ def test_mode_under_cuda_graph_capture(cuda_device):
             torch.cuda.synchronize()
             assert torch.equal(y, layer(x))
         assert (y.float() - F.linear(x, layer.weight, layer.bias).float()).abs().max() < 0.05
+
+
+@pytest.mark.gpu
+def test_pdl_chain_waits_for_its_input(cuda_device):
+    """With programmatic dependent launch, a linear that reads the previous linear's output (in
+    a CUDA graph, back to back) still sees it whole: the same bits as without PDL."""
+    x, w1, _ = _operands(4, 4096, 4096, torch.bfloat16, cuda_device, bias=False)
+    w2 = _operands(1, 4096, 4096, torch.bfloat16, cuda_device, bias=False)[1]
+    outs = {}
+    for pdl in (False, True):
+        c1 = dataclasses.replace(default_config(4096, 4096, torch.bfloat16, 132), pdl=pdl)
+        c2 = dataclasses.replace(c1, split_k=1)
+
+        def chain(c1=c1, c2=c2):
+            return small_m_linear(small_m_linear(x, w1, impl="triton", config=c1), w2, impl="triton", config=c2)
+
+        chain()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = chain()
+        graph.replay()
+        torch.cuda.synchronize()
+        outs[pdl] = y.clone()
+    assert torch.equal(outs[True], outs[False])

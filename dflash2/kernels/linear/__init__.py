@@ -61,14 +61,15 @@ class LinearConfig:
     program, `split_k` programs over K per column tile, and Triton's `num_warps` /
     `num_stages`. `block_n` and `block_k` are powers of two >= 16. `pdl`: launch with
     programmatic dependent launch where the GPU has it (compute capability 9.0+), so the kernel
-    starts while the previous one on the stream drains (it waits for it before touching memory)."""
+    starts while the previous one on the stream drains (it waits for it before touching memory);
+    off by default: on the H200 it sped up a run of one shape but slowed the 8B stack."""
 
     block_n: int
     block_k: int
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
-    pdl: bool = True
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -83,8 +84,8 @@ def default_config(n: int, k: int, dtype: torch.dtype, sm_count: int = _DEFAULT_
     """The tiling used for `weight [n, k]` of `dtype` on a GPU with `sm_count` SMs.
 
     A pure function of its arguments (never of the number of rows: that is what makes the kernel
-    row-invariant). Column tiles of 64 and K steps of 128 (64 in fp32), the best tiling of the
-    sweep at the 8B shapes (docs/PERFORMANCE.md); K is split in powers of two while the programs
+    row-invariant). Column tiles of 64 and K steps of 128 (64 in fp32), the best tiling of
+    `python -m benchmarks.linear --sweep` at the 8B shapes on an H200; K is split in powers of two while the programs
     number fewer than about one per SM (0.9 x, so 128 programs on 132 SMs is enough) and every
     split keeps at least eight K steps.
     """

@@ -25,11 +25,11 @@
 # A product of two 16-bit floats is exact in fp32, so this is the tensor cores' arithmetic
 # (exact products, fp32 sums) up to the order of the sums inside one MMA.
 #
-# PDL (programmatic dependent launch, Hopper and later): launched with launch_pdl, the kernel may
-# be started while the previous kernel on the stream finishes. It first waits for that kernel to
-# complete (gdc_wait: its writes are then visible; nothing is read or written before), then lets
-# the next kernel start early in turn (gdc_launch_dependents). This hides the launch gap between
-# back-to-back linears, which at 8-30 us per layer is a large part of the time.
+# PDL (programmatic dependent launch, Hopper and later; off by default, LinearConfig.pdl):
+# launched with launch_pdl, the kernel may be started while the previous kernel on the stream
+# finishes. It first waits for that kernel to complete (gdc_wait: its writes are then visible;
+# nothing is read or written before), and once its weights are read it lets the next kernel
+# start launching (gdc_launch_dependents), to overlap the launch gap with its epilogue.
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -46,7 +46,6 @@ def _small_m_linear_kernel(
 ):
     if PDL:
         gdc_wait()
-        gdc_launch_dependents()
     t = tl.program_id(0)
     s = tl.program_id(1)
     rn = t * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output columns = rows of W
@@ -77,6 +76,8 @@ def _small_m_linear_kernel(
             acc = tl.dot(w, xt, acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    if PDL:  # the weights are read: the next kernel may start launching during the epilogue
+        gdc_launch_dependents()
     o_ptrs = out_ptr + rm[None, :] * s_om + rn[:, None]
     if SPLITS == 1:
         if HAS_BIAS:
