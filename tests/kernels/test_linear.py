@@ -244,23 +244,27 @@ def test_8b_shapes_on_gpu_row_invariant_and_accurate(name, n, k, _, cuda_device,
 
 @pytest.mark.gpu
 def test_mode_under_cuda_graph_capture(cuda_device):
-    """A routed linear (K split over programs at this shape) captured in a CUDA graph replays on
-    new input data like an eager call."""
-    layer = torch.nn.Linear(4096, 1024, dtype=torch.bfloat16, device=cuda_device)
+    """Two routed linears (K split over programs at this shape, so both draw on the mode's
+    tickets, back to back, PDL on by default) captured in a CUDA graph replay on new input data
+    like eager calls."""
+    layers = [torch.nn.Linear(4096, 1024, dtype=torch.bfloat16, device=cuda_device) for _ in range(2)]
     x = torch.randn(8, 4096, dtype=torch.bfloat16, device=cuda_device)
     mode = SmallMLinearMode("triton", cuda_device)
+    assert mode.config_for(1024, 4096, torch.bfloat16).split_k > 1
     with torch.no_grad(), mode:
-        layer(x)  # warm-up: compiles outside the capture
+        [layer(x) for layer in layers]  # warm-up: compiles outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            y = layer(x)
+            ys = [layer(x) for layer in layers]
         for _ in range(2):  # twice: the split's tickets must be back at zero after a replay
             x.copy_(torch.randn_like(x))
             graph.replay()
             torch.cuda.synchronize()
-            assert torch.equal(y, layer(x))
-        assert (y.float() - F.linear(x, layer.weight, layer.bias).float()).abs().max() < 0.05
+            for y, layer in zip(ys, layers):
+                assert torch.equal(y, layer(x))
+        assert not mode.tickets.any()
+        assert (ys[0].float() - F.linear(x, layers[0].weight, layers[0].bias).float()).abs().max() < 0.05
 
 
 @pytest.mark.gpu

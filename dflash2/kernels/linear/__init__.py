@@ -62,14 +62,14 @@ class LinearConfig:
     `num_stages`. `block_n` and `block_k` are powers of two >= 16. `pdl`: launch with
     programmatic dependent launch where the GPU has it (compute capability 9.0+), so the kernel
     starts while the previous one on the stream drains (it waits for it before touching memory);
-    off by default: on the H200 it sped up a run of one shape but slowed the 8B stack."""
+    ignored elsewhere (CPU, older GPUs)."""
 
     block_n: int
     block_k: int
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
-    pdl: bool = False
+    pdl: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):

@@ -25,7 +25,7 @@
 # A product of two 16-bit floats is exact in fp32, so this is the tensor cores' arithmetic
 # (exact products, fp32 sums) up to the order of the sums inside one MMA.
 #
-# PDL (programmatic dependent launch, Hopper and later; off by default, LinearConfig.pdl):
+# PDL (programmatic dependent launch, Hopper and later; LinearConfig.pdl):
 # launched with launch_pdl, the kernel may be started while the previous kernel on the stream
 # finishes. It first waits for that kernel to complete (gdc_wait: its writes are then visible;
 # nothing is read or written before), and once its weights are read it lets the next kernel
