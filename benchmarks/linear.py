@@ -76,7 +76,7 @@ def calls_for(weight_bytes: int, copies: int, budget: int = CALLS_PER_GRAPH_BYTE
     return passes * copies
 
 
-def sweep_grid(block_n, block_k, warps, stages, splits, k: int, pdl=(True,)) -> list[LinearConfig]:
+def sweep_grid(block_n, block_k, warps, stages, splits, k: int, pdl=(False,)) -> list[LinearConfig]:
     """Every tiling of the grid that makes sense for `K = k`: no split shorter than two `block_k`
     steps (it would only add partials)."""
     out = []
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warps", type=int, nargs="+", default=[4])
     ap.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5])
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--pdl", type=int, nargs="+", default=[1], help="1: programmatic dependent launch, 0: off")
+    ap.add_argument("--pdl", type=int, nargs="+", default=[0], help="1: programmatic dependent launch, 0: off")
     ap.add_argument("--no-stack", action="store_true", help="skip the whole-stack graph (15 GB of weights)")
     ap.add_argument("--out", default=None, help="write the JSON report here")
     args = ap.parse_args(argv)

@@ -245,8 +245,7 @@ def test_8b_shapes_on_gpu_row_invariant_and_accurate(name, n, k, _, cuda_device,
 @pytest.mark.gpu
 def test_mode_under_cuda_graph_capture(cuda_device):
     """Two routed linears (K split over programs at this shape, so both draw on the mode's
-    tickets, back to back, PDL on by default) captured in a CUDA graph replay on new input data
-    like eager calls."""
+    tickets, back to back) captured in a CUDA graph replay on new input data like eager calls."""
     layers = [torch.nn.Linear(4096, 1024, dtype=torch.bfloat16, device=cuda_device) for _ in range(2)]
     x = torch.randn(8, 4096, dtype=torch.bfloat16, device=cuda_device)
     mode = SmallMLinearMode("triton", cuda_device)

@@ -1,8 +1,8 @@
 """Small-M linear: `F.linear` for at most 32 rows, reading the weights once at copy bandwidth.
 
 At decode and verify sizes (M = 1..32 rows of a Qwen3-8B-shaped target) a linear layer is a
-read of its weight matrix; cuBLAS reads it at about 3.0 TB/s on an H200 at M = 1, where a
-device-to-device copy moves 4.1-4.3 (issue 21 item 3). The Triton kernel (`triton_kernels.py`)
+read of its weight matrix, which cuBLAS does well below the copy bandwidth (issue 21 item 3;
+`python -m benchmarks.linear` measures both). The Triton kernel (`triton_kernels.py`)
 streams `weight [N, K]` in `[block_n, block_k]` tiles with all rows' partial sums in registers
 and an optional split over K whose partials the last split to finish sums in a fixed order
 (one launch).
@@ -12,7 +12,8 @@ Guarantees of the Triton path:
   never from the number of rows, and rows do not interact, so row i of the output is
   bit-identical whether `x` holds that row alone or with up to 31 others (issue 22 item 3's
   batch-invariant linear).
-- **Deterministic.** No atomics: the same inputs give the same bits on every call.
+- **Deterministic.** The same inputs give the same bits on every call: with a split, an
+  atomic ticket only decides which program adds the partials, never the order they are added in.
 - **Accuracy.** fp32 accumulation, one rounding to `x`'s dtype at the end (bias added in
   fp32 first); fp32 inputs use full-precision fp32 products, not tf32.
 - **CUDA graphs.** A call makes no host sync and reads no device value on the host: the
@@ -62,14 +63,15 @@ class LinearConfig:
     `num_stages`. `block_n` and `block_k` are powers of two >= 16. `pdl`: launch with
     programmatic dependent launch where the GPU has it (compute capability 9.0+), so the kernel
     starts while the previous one on the stream drains (it waits for it before touching memory);
-    ignored elsewhere (CPU, older GPUs)."""
+    ignored elsewhere (CPU, older GPUs). Off by default: on the H200 it saved 0.1 ms of the 8B
+    stack when linears ran back to back but cost 0.18 ms with a PyTorch kernel before each."""
 
     block_n: int
     block_k: int
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
-    pdl: bool = True
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
