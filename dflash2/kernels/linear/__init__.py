@@ -89,13 +89,13 @@ def default_config(n: int, k: int, dtype: torch.dtype, sm_count: int = _DEFAULT_
     row-invariant). Column tiles of 64 and K steps of 128 (64 in fp32), the best tiling of
     `python -m benchmarks.linear --sweep` at the 8B shapes on an H200; K is split in powers of two while the programs
     number fewer than about one per SM (0.9 x, so 128 programs on 132 SMs is enough) and every
-    split keeps at least eight K steps.
+    split keeps at least four K steps.
     """
     block_k = 64 if dtype == torch.float32 else 128
     block_n = 64
     tiles = -(-n // block_n)
     split = 1
-    while tiles * split < 0.9 * sm_count and k >= 2 * split * 8 * block_k:
+    while tiles * split < 0.9 * sm_count and k >= 2 * split * 4 * block_k:
         split *= 2
     return LinearConfig(block_n=block_n, block_k=block_k, split_k=split)
 
