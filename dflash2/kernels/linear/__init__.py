@@ -1,0 +1,277 @@
+"""Small-M linear: `F.linear` for at most 32 rows, reading the weights once at copy bandwidth.
+
+At decode and verify sizes (M = 1..32 rows of a Qwen3-8B-shaped target) a linear layer is a
+read of its weight matrix, which cuBLAS does well below the copy bandwidth (issue 21 item 3;
+`python -m benchmarks.linear` measures both). The Triton kernel (`triton_kernels.py`)
+streams `weight [N, K]` in `[block_n, block_k]` tiles with all rows' partial sums in registers
+and an optional split over K whose partials the last split to finish sums in a fixed order
+(one launch).
+
+Guarantees of the Triton path:
+- **Row invariance.** The tiling (`LinearConfig`) is chosen from `(N, K, dtype, SM count)`,
+  never from the number of rows, and rows do not interact, so row i of the output is
+  bit-identical whether `x` holds that row alone or with up to 31 others (issue 22 item 3's
+  batch-invariant linear).
+- **Deterministic.** The same inputs give the same bits on every call: with a split, an
+  atomic ticket only decides which program adds the partials, never the order they are added in.
+- **Accuracy.** fp32 accumulation, one rounding to `x`'s dtype at the end (bias added in
+  fp32 first); fp32 inputs use full-precision fp32 products, not tf32.
+- **CUDA graphs.** A call makes no host sync and reads no device value on the host: the
+  launch grid, the split and the workspace size depend on shapes only. It allocates its output
+  and, with a split, a `[split, M, N]` fp32 workspace through PyTorch's caching allocator, so
+  under `torch.cuda.graph` both come from the graph's private pool, as any op's output does.
+  A split also needs a ticket counter per column tile, zero between calls: pass a long-lived
+  `ticket_buffer` (the mode keeps one; each call leaves it at zero, so replays find it so), or
+  a zeroed one is allocated per call.
+  The first call per (shape, dtype, config) compiles the kernel: make it (a warm-up step)
+  before capture, as for every Triton kernel.
+
+`SmallMLinearMode` routes the stock `nn.Linear` modules of a target through the kernel without
+touching modeling code (a `torch.overrides.TorchFunctionMode`): inside `with mode:` every
+`F.linear` whose input fits (`SmallMLinearMode.routes`) runs the kernel, the rest run
+`F.linear` unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from dflash2.kernels.linear.reference import linear_reference
+
+try:
+    from dflash2.kernels.linear import triton_kernels as _tk
+except ImportError:  # triton missing: only impl="torch" works (resolve_impl says so)
+    _tk = None
+
+__all__ = ["small_m_linear", "linear_reference", "kernel_fits", "LinearConfig", "default_config",
+           "ticket_buffer", "SmallMLinearMode", "MAX_ROWS", "DTYPES"]
+
+MAX_ROWS = 32  # decode / verify blocks; the row tile is always this wide (row invariance)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_DEFAULT_SMS = 132  # an H200; the interpreter (CPU) has no SM count of its own
+TICKETS = 1 << 14  # split-K counters a mode keeps: column tiles of the widest layer (lm_head / 16)
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """One tiling of the kernel: `block_n` output columns and `block_k` inputs per step of a
+    program, `split_k` programs over K per column tile, and Triton's `num_warps` /
+    `num_stages`. `block_n` and `block_k` are powers of two >= 16. `pdl`: launch with
+    programmatic dependent launch where the GPU has it (compute capability 9.0+), so the kernel
+    starts while the previous one on the stream drains (it waits for it before touching memory);
+    ignored elsewhere (CPU, older GPUs). Off by default: on the H200 it saved 0.1 ms of the 8B
+    stack when linears ran back to back but cost 0.18 ms with a PyTorch kernel before each."""
+
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+    pdl: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+        if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"split_k, num_warps and num_stages must be >= 1, got {self}")
+
+
+def default_config(n: int, k: int, dtype: torch.dtype, sm_count: int = _DEFAULT_SMS) -> LinearConfig:
+    """The tiling used for `weight [n, k]` of `dtype` on a GPU with `sm_count` SMs.
+
+    A pure function of its arguments (never of the number of rows: that is what makes the kernel
+    row-invariant). Column tiles of 64 and K steps of 128 (64 in fp32), the best tiling of
+    `python -m benchmarks.linear --sweep` at the 8B shapes on an H200; K is split in powers of two while the programs
+    number fewer than about one per SM (0.9 x, so 128 programs on 132 SMs is enough) and every
+    split keeps at least four K steps.
+    """
+    block_k = 64 if dtype == torch.float32 else 128
+    block_n = 64
+    tiles = -(-n // block_n)
+    split = 1
+    while tiles * split < 0.9 * sm_count and k >= 2 * split * 4 * block_k:
+        split *= 2
+    return LinearConfig(block_n=block_n, block_k=block_k, split_k=split)
+
+
+def kernel_fits(rows: int, n: int, k: int, dtype: torch.dtype) -> bool:
+    """Whether the Triton kernel takes `rows` rows of `x [rows, k]` against `weight [n, k]` of
+    `dtype`: 1..`MAX_ROWS` rows, non-empty `n` and `k`, a dtype in `DTYPES`."""
+    return 1 <= rows <= MAX_ROWS and n >= 1 and k >= 1 and dtype in DTYPES
+
+
+def _split_chunk(k: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """`(k_chunk, splits)`: each split covers a multiple of `block_k` inputs; fewer splits than
+    asked when K is too short for them (no empty split)."""
+    chunk = -(-k // split_k)
+    chunk = -(-chunk // block_k) * block_k
+    return chunk, -(-k // chunk)
+
+
+def ticket_buffer(device: torch.device | str, size: int = TICKETS) -> torch.Tensor:
+    """A zeroed int32 buffer of split-K tickets for `small_m_linear(..., tickets=...)`: one counter
+    per column tile, left at zero by every call. Calls that share one must be stream-ordered."""
+    return torch.zeros(size, dtype=torch.int32, device=device)
+
+
+def _small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                           config: LinearConfig, tickets: torch.Tensor | None = None) -> torch.Tensor:
+    """The Triton path on `x [M, K]` (M <= MAX_ROWS, unit stride along K), `weight [N, K]`
+    (unit stride along K), `bias [N] | None`; returns a new `[M, N]` tensor of `x.dtype`.
+    `tickets` (split K only): a `ticket_buffer` with at least one counter per column tile; None
+    zeroes a fresh one."""
+    m, k = x.shape
+    n = weight.shape[0]
+    chunk, splits = _split_chunk(k, config.block_k, config.split_k)
+    tiles = -(-n // config.block_n)
+    pdl = config.pdl and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if splits > 1:
+        part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)  # [split, M, N]
+        if tickets is None or tickets.numel() < tiles:
+            tickets = ticket_buffer(x.device, tiles)
+    else:
+        part = tickets = out  # never read with one split
+    _tk._small_m_linear_kernel[(tiles, splits)](
+        x, weight, bias if bias is not None else weight, out, part, tickets, m, n, k, chunk,
+        x.stride(0), weight.stride(0), out.stride(0),
+        BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLITS=splits,
+        EVEN_K=k % config.block_k == 0,  # then every split's range is whole blocks
+        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
+        WIDEN=x.device.type == "cpu" and x.dtype != torch.float32, PDL=pdl,
+        num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
+    return out
+
+
+def _check_operands(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not make a linear "
+                         "(weight must be [N, K] with K = x.shape[-1])")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
+        raise ValueError(f"bias {tuple(bias.shape)} does not match weight {tuple(weight.shape)}")
+
+
+def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                   impl: str = "torch", config: LinearConfig | None = None,
+                   tickets: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for `x [..., K]` with at most `MAX_ROWS` rows in all.
+
+    Args:
+        x: `[..., K]`, any leading shape (`[M, K]`, `[B, T, K]`); bf16, fp16 or fp32.
+        weight: `[N, K]` of `x`'s dtype, unit stride along K (the `nn.Linear` layout).
+        bias: `[N]` of `x`'s dtype, or None.
+        impl: `"torch"` (the reference) or `"triton"` (already resolved,
+            `dflash2.kernels.dispatch.resolve_impl`).
+        config: the Triton tiling; None takes `default_config` for the weight's shape (with the
+            device's SM count on CUDA). Pass the same config for every row count to keep the
+            row invariance.
+        tickets: for tilings that split K, a `ticket_buffer` on `x`'s device (reused, stream-
+            ordered calls only); None zeroes a fresh one per call (one memset more).
+    Returns:
+        `[..., N]` in `x`'s dtype.
+    Raises:
+        ValueError: shapes that do not make a linear, or (triton) operands the kernel does not
+            take (`kernel_fits`, mixed dtypes, a weight strided along K, tensors needing grad).
+    """
+    _check_operands(x, weight, bias)
+    if impl == "torch":
+        return linear_reference(x, weight, bias)
+    if impl != "triton":
+        raise ValueError(f"impl must be a resolved 'torch' or 'triton', got {impl!r}")
+    if _tk is None:
+        raise RuntimeError("impl='triton' needs the triton package; use impl='torch'")
+    k, n = x.shape[-1], weight.shape[0]
+    rows = x.numel() // k if k else 0
+    if not kernel_fits(rows, n, k, x.dtype):
+        raise ValueError(f"the small-M kernel takes 1..{MAX_ROWS} rows of a {DTYPES} input, got {rows} rows of "
+                         f"{x.dtype} (K={k}, N={n}); use impl='torch'")
+    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        raise ValueError(f"x, weight and bias must share a dtype, got {x.dtype}, {weight.dtype}, "
+                         f"{None if bias is None else bias.dtype}")
+    if weight.stride(1) != 1:
+        raise ValueError("weight must have unit stride along K (the nn.Linear layout); the kernel does not copy it")
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        raise ValueError("the small-M kernel is inference-only (no autograd); use impl='torch' or torch.no_grad()")
+    if config is None:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else _DEFAULT_SMS
+        config = default_config(n, k, x.dtype, sms)
+    x2 = x.reshape(rows, k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    return _small_m_linear_triton(x2, weight, bias, config, tickets).reshape(*x.shape[:-1], n)
+
+
+class SmallMLinearMode(TorchFunctionMode):
+    """Inside `with SmallMLinearMode(impl, device):`, `F.linear` runs the small-M kernel where it
+    fits and `F.linear` itself everywhere else, so stock `nn.Linear` modules (the target's
+    q/k/v/o, MLP and head) use the kernel without modeling code of ours.
+
+    Routed (`routes`): `impl == "triton"`; input `x` of 2 or 3 dims with 1..`MAX_ROWS` rows
+    (product of the leading dims) on the device type the impl was resolved for; weight `[N, K]`
+    with unit stride along K; one dtype in `DTYPES` for x, weight and bias; nothing that needs
+    grad. With `impl == "torch"` the mode routes nothing (a no-op, so callers need no branch).
+
+    Args:
+        impl: a resolved `"torch"` or `"triton"` (`dflash2.kernels.dispatch.resolve_impl`).
+        device: the device the model runs on; its SM count picks the tilings once.
+        configs: optional tilings by `(N, K)` (from `python -m benchmarks.linear --sweep`); other
+            shapes take `default_config`.
+
+    The mode's only state is its split-K `tickets` (zero between calls, so it may be captured in
+    CUDA graphs and replayed); calls through one mode must be stream-ordered. The CUDA-graph
+    contract is otherwise `small_m_linear`'s. It is for eager and CUDA-graph execution; entering
+    it around `torch.compile`d code is not supported.
+    """
+
+    def __init__(self, impl: str, device: torch.device | str,
+                 configs: dict[tuple[int, int], LinearConfig] | None = None) -> None:
+        super().__init__()
+        if impl not in ("torch", "triton"):
+            raise ValueError(f"impl must be a resolved 'torch' or 'triton', got {impl!r}")
+        self.impl = impl
+        self.device = torch.device(device)
+        self.sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                         if self.device.type == "cuda" else _DEFAULT_SMS)
+        self.configs = dict(configs or {})
+        # Split-K counters, zero between calls (each call leaves them so): calls through one mode
+        # must be stream-ordered, as one stream or one graph's replays are.
+        self.tickets = ticket_buffer(self.device) if impl == "triton" else None
+
+    def config_for(self, n: int, k: int, dtype: torch.dtype) -> LinearConfig:
+        """The tiling for `weight [n, k]`: an entry of `configs`, else `default_config`."""
+        return self.configs.get((n, k)) or default_config(n, k, dtype, self.sm_count)
+
+    def routes(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+        """Whether `F.linear(x, weight, bias)` goes to the kernel under this mode."""
+        if self.impl != "triton" or x.dim() not in (2, 3) or weight.dim() != 2:
+            return False
+        k = x.shape[-1]
+        if k != weight.shape[1] or not kernel_fits(x.numel() // max(k, 1), weight.shape[0], k, x.dtype):
+            return False
+        if x.device.type != self.device.type or weight.device != x.device or weight.dtype != x.dtype:
+            return False
+        if weight.stride(1) != 1:
+            return False
+        if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0] or bias.dtype != x.dtype
+                                 or bias.device != x.device):
+            return False
+        grads = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+        return not (grads and torch.is_grad_enabled())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, weight = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            if self.routes(x, weight, bias):
+                config = self.config_for(weight.shape[0], weight.shape[1], x.dtype)
+                return small_m_linear(x, weight, bias, impl="triton", config=config, tickets=self.tickets)
+        return func(*args, **kwargs)

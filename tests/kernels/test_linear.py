@@ -1,0 +1,291 @@
+"""The small-M linear kernel against `F.linear` in fp64 (interpreter on CPU, compiled on CUDA),
+its row invariance, its limits, the `SmallMLinearMode` routing, and the benchmark's pure helpers.
+
+Tolerance (STYLE.md item 6): the kernel sums exact products in fp32 and rounds once, so each
+element may differ from the fp64 truth by half a unit in the last place of the output dtype plus
+the fp32 summation bound `K * 2^-24 * sum_k |x_k w_k|` (Higham's gamma_K); on top of that the
+kernel's largest error may be at most twice torch's at the same dtype (the `error_within`
+fixture) plus that floor. One exception, on CPU only: the Triton interpreter converts fp32 to
+bf16 by truncation (its `_convert_float` ignores the rounding mode), so there a bf16 element may
+be a whole ulp off; compiled kernels round to nearest even.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dflash2.kernels.linear as lin
+from benchmarks.linear import (SHAPES, best_config, calls_for, copies_for, linear_bytes, markdown_table,
+                               stack_bytes, sweep_grid)
+from dflash2.kernels.linear import (MAX_ROWS, LinearConfig, SmallMLinearMode, default_config, kernel_fits,
+                                    linear_reference, small_m_linear, ticket_buffer)
+
+FP32_EPS = 2.0**-24  # unit roundoff of fp32 (the accumulator)
+HALF_ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}  # relative, of |y|
+
+
+def _rounding(dtype: torch.dtype, device: str) -> float:
+    """Largest relative error of the final rounding: half an ulp, a whole one for the interpreter's bf16."""
+    return HALF_ULP[dtype] * (2.0 if device == "cpu" and dtype == torch.bfloat16 else 1.0)
+# Small tilings so that the interpreter's shapes cross block boundaries, split K unevenly (70 = 64 + 6
+# with block_k 16 and 3 splits) and leave a partial column tile (37 = 2 x 16 + 5).
+TILINGS = [LinearConfig(16, 16, 1), LinearConfig(16, 16, 3), LinearConfig(32, 32, 2, num_warps=2)]
+TILING_IDS = ["bn16-bk16", "bn16-bk16-split3", "bn32-bk32-split2"]
+
+
+def _operands(m, n, k, dtype, device, bias=True, lead=()):
+    x = torch.randn(*lead, m, k, dtype=dtype).to(device)
+    w = (torch.randn(n, k) * k ** -0.5).to(dtype).to(device)
+    b = torch.randn(n, dtype=dtype).to(device) if bias else None
+    return x, w, b
+
+
+def _check_close(out, x, w, b, error_within):
+    """Per element: within half an output ulp + the fp32 summation bound of the fp64 truth; overall:
+    STYLE.md item 6 against torch at the same dtype."""
+    xd, wd = x.double().cpu(), w.double().cpu()
+    bd = None if b is None else b.double().cpu()
+    exact = F.linear(xd, wd, bd)
+    rounding = _rounding(x.dtype, x.device.type)
+    bound = rounding * exact.abs() + x.shape[-1] * FP32_EPS * F.linear(xd.abs(), wd.abs()) + 1e-30
+    err = (out.double().cpu() - exact).abs()
+    assert (err <= bound * 1.001).all(), f"worst element error / bound {(err / bound).max().item():.3g}"
+    floor = rounding * exact.abs().max().item()
+    error_within(out.cpu(), F.linear(x.cpu(), w.cpu(), None if b is None else b.cpu()), exact, floor)
+
+
+@pytest.mark.parametrize("config", TILINGS, ids=TILING_IDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("m", [1, 5, 32])
+def test_matches_fp64_truth_on_odd_shapes(m, dtype, config, triton_device, error_within):
+    x, w, b = _operands(m, 37, 70, dtype, triton_device)
+    out = small_m_linear(x, w, b, impl="triton", config=config)
+    assert out.shape == (m, 37) and out.dtype == dtype
+    _check_close(out, x, w, b, error_within)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_no_bias_three_d_input_and_default_tiling(dtype, triton_device, error_within):
+    x, w, _ = _operands(3, 50, 96, dtype, triton_device, bias=False, lead=(2,))  # [2, 3, 96] -> 6 rows
+    out = small_m_linear(x, w, None, impl="triton")  # default_config: 64-wide K blocks or wider
+    assert out.shape == (2, 3, 50)
+    _check_close(out, x, w, None, error_within)
+
+
+@pytest.mark.parametrize("config", TILINGS[1:], ids=TILING_IDS[1:])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_row_alone_equals_row_in_a_batch_bitwise(dtype, config, triton_device):
+    """Row invariance (issue 22 item 3): each row's bits do not depend on M or on other rows."""
+    x, w, b = _operands(MAX_ROWS, 37, 70, dtype, triton_device)
+    full = small_m_linear(x, w, b, impl="triton", config=config)
+    for lo, hi in [(0, 1), (31, 32), (3, 5), (7, 24)]:
+        part = small_m_linear(x[lo:hi], w, b, impl="triton", config=config)
+        assert torch.equal(part, full[lo:hi]), f"rows {lo}:{hi} changed with the batch"
+    noise = x.clone()
+    noise[1:] = torch.randn_like(noise[1:]) * 1e4  # other rows' values must not matter either
+    assert torch.equal(small_m_linear(noise, w, b, impl="triton", config=config)[0], full[0])
+
+
+def test_repeated_calls_are_deterministic(triton_device):
+    x, w, b = _operands(9, 37, 70, torch.bfloat16, triton_device)
+    config = LinearConfig(16, 16, 3)
+    first = small_m_linear(x, w, b, impl="triton", config=config)
+    assert torch.equal(first, small_m_linear(x, w, b, impl="triton", config=config))
+
+
+def test_refusals_name_the_fix(triton_device):
+    x, w, b = _operands(MAX_ROWS + 1, 16, 16, torch.float32, triton_device)
+    with pytest.raises(ValueError, match="rows"):
+        small_m_linear(x, w, b, impl="triton")
+    with pytest.raises(ValueError, match="resolved"):
+        small_m_linear(x, w, b, impl="auto")
+    with pytest.raises(ValueError, match="do not make a linear"):
+        small_m_linear(x[:, :8], w, b, impl="triton")
+    with pytest.raises(ValueError, match="bias"):
+        small_m_linear(x[:4], w, b[:3], impl="triton")
+    with pytest.raises(ValueError, match="share a dtype"):
+        small_m_linear(x[:4], w.double(), None, impl="triton")
+    with pytest.raises(ValueError, match="unit stride"):
+        small_m_linear(x[:4], torch.randn(16, 16, device=triton_device).t(), None, impl="triton")
+    with pytest.raises(ValueError, match="inference-only"):
+        small_m_linear(x[:4], w.requires_grad_(), None, impl="triton")
+    assert torch.equal(small_m_linear(x, w.detach(), b, impl="torch"), linear_reference(x, w.detach(), b))
+
+
+def test_tiling_is_checked_and_covers_k_without_empty_splits():
+    with pytest.raises(ValueError, match="power of two"):
+        LinearConfig(48, 64)
+    with pytest.raises(ValueError, match=">= 1"):
+        LinearConfig(64, 64, split_k=0)
+    for k, bk, split in [(70, 16, 3), (4096, 128, 4), (100, 64, 8), (12288, 128, 16)]:
+        chunk, splits = lin._split_chunk(k, bk, split)
+        assert chunk % bk == 0 and 1 <= splits <= split
+        assert (splits - 1) * chunk < k <= splits * chunk  # every split has work, together all of K
+
+
+@pytest.mark.parametrize("name, n, k, _", SHAPES, ids=[s[0] for s in SHAPES])
+def test_default_tiling_fills_an_h200(name, n, k, _):
+    """At the 8B shapes the default tiling gives about one program per SM (132 SMs) or, where K
+    runs out first, splits of at least four K blocks; it never depends on the row count."""
+    c = default_config(n, k, torch.bfloat16, 132)
+    chunk, splits = lin._split_chunk(k, c.block_k, c.split_k)
+    programs = -(-n // c.block_n) * splits
+    assert programs >= 0.9 * 132 or chunk < 8 * c.block_k
+    assert chunk >= 4 * c.block_k or splits == 1
+    assert kernel_fits(1, n, k, torch.bfloat16) and kernel_fits(MAX_ROWS, n, k, torch.bfloat16)
+    assert not kernel_fits(MAX_ROWS + 1, n, k, torch.bfloat16) and not kernel_fits(1, n, k, torch.float64)
+
+
+def test_split_tickets_are_left_at_zero_and_reused(triton_device):
+    """Split K: the counters a call draws are back at zero afterwards, so one buffer serves
+    every later call (and every CUDA-graph replay)."""
+    x, w, b = _operands(4, 37, 70, torch.bfloat16, triton_device)
+    tickets = ticket_buffer(triton_device, 8)
+    config = LinearConfig(16, 16, 3)
+    first = small_m_linear(x, w, b, impl="triton", config=config, tickets=tickets)
+    assert not tickets.any()
+    assert torch.equal(small_m_linear(x, w, b, impl="triton", config=config, tickets=tickets), first)
+    assert torch.equal(small_m_linear(x, w, b, impl="triton", config=config), first)  # fresh counters
+
+
+def test_mode_routes_only_what_it_should(monkeypatch, triton_device):
+    routed = []
+    real = lin._small_m_linear_triton
+
+    def spy(x, weight, bias, config, tickets):
+        routed.append((tuple(x.shape), tuple(weight.shape), config))
+        assert tickets is mode.tickets  # the mode's own counters, reused
+        return real(x, weight, bias, config, tickets)
+
+    monkeypatch.setattr(lin, "_small_m_linear_triton", spy)
+    custom = LinearConfig(16, 16, 2)
+    mode = SmallMLinearMode("triton", triton_device, configs={(24, 40): custom})
+    dt = torch.float32
+    layer = torch.nn.Linear(40, 24).to(triton_device)
+    w2 = torch.randn(40, 24, device=triton_device)
+    x = torch.randn(3, 40, device=triton_device)
+    with torch.no_grad(), mode:
+        y = layer(x)                                               # routed: 3 rows, custom tiling
+        layer(torch.randn(2, 4, 40, device=triton_device))          # routed: 3-D, 8 rows
+        F.linear(x, w2.t(), None)                                   # weight strided along K
+        layer(torch.randn(MAX_ROWS + 1, 40, device=triton_device))  # too many rows
+        layer(torch.randn(2, 2, 2, 40, device=triton_device))       # 4-D
+        layer(torch.randn(40, device=triton_device))                # 1-D
+        F.linear(x.double(), layer.weight.double())                 # dtype outside DTYPES
+        with pytest.raises(RuntimeError):
+            F.linear(x, layer.weight, layer.bias.half())            # mixed dtypes: F.linear's own error
+        torch.matmul(x, layer.weight.t())                           # not F.linear
+    with mode:
+        layer(x)                                                    # needs grad
+    with torch.no_grad(), SmallMLinearMode("torch", triton_device):
+        layer(x)                                                    # impl torch: routes nothing
+    assert [r[:2] for r in routed] == [((3, 40), (24, 40)), ((8, 40), (24, 40))]
+    assert routed[0][2] == custom and routed[1][2] == custom
+    assert torch.equal(y, real(x, layer.weight, layer.bias, custom))
+    assert not mode.tickets.any()  # every split call left its counters at zero
+    assert mode.routes(x.to(dt), layer.weight.detach(), None)
+    assert not mode.routes(x.to("meta"), layer.weight.detach().to("meta"), None)  # other device type
+
+
+LOGITS_RTOL = 1e-4  # fp32 linears that differ from cuBLAS / CPU in summation order only, one layer deep
+
+
+def test_mode_runs_a_stock_transformers_target(monkeypatch, triton_device):
+    """A tiny stock Qwen3 under the mode: every linear (q/k/v/o, MLP, lm_head) goes through the
+    kernel and the logits match the unrouted model's."""
+    from tests.conftest import tiny_qwen3
+
+    model = tiny_qwen3(vocab=96, hidden=32, layers=1).to(triton_device)
+    ids = torch.randint(0, 96, (1, 5), device=triton_device)
+    calls = []
+    real = lin._small_m_linear_triton
+    monkeypatch.setattr(lin, "_small_m_linear_triton", lambda *a: calls.append(tuple(a[1].shape)) or real(*a))
+    with torch.no_grad():
+        ref = model(ids).logits
+        assert calls == []
+        with SmallMLinearMode("triton", triton_device):
+            out = model(ids).logits
+    assert len(calls) == 8 and calls[-1] == (96, 32)  # 7 per layer, then the lm_head
+    assert (out - ref).abs().max().item() <= LOGITS_RTOL * ref.abs().max().item()
+
+
+def test_bench_helpers():
+    assert linear_bytes(1, 4, 8) == 2 * (32 + 8 + 4)
+    assert linear_bytes(2, 4, 8, elt=4, bias=True) == 4 * (32 + 16 + 8 + 4)
+    assert abs(stack_bytes(1) / 1e9 - 15.1) < 0.1  # the issue's 15.1 GB of 8B target weights
+    assert copies_for(100 << 20, 512 << 20) == 6 and copies_for(2 << 30, 512 << 20) == 1
+    calls = calls_for(8 << 20, 64, 4 << 30)
+    assert calls % 64 == 0 and calls * (8 << 20) <= 4 << 30
+    grid = sweep_grid([32, 64], [128, 256], [4], [3], [1, 4, 16], k=4096)
+    assert LinearConfig(64, 256, 16, 4, 3) not in grid and LinearConfig(64, 128, 16, 4, 3) in grid
+    assert len(sweep_grid([64], [128], [4], [3], [1], k=4096, pdl=(1, 0))) == 2
+    assert len(grid) == 2 * 2 * 3 - 2  # split 16 of K = 4096 is one block of 256: dropped for both block_n
+    rows = [dict(config="a", pct_copy={1: 90.0, 32: 70.0}), dict(config="b", pct_copy={1: 85.0, 32: 80.0})]
+    assert best_config(rows)["config"] == "b"
+    assert markdown_table(["a", "b"], [[1, 2.345], [3, 123.4]]).splitlines() == [
+        "| a | b |", "| --- | --- |", "| 1 | 2.35 |", "| 3 | 123.4 |"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, n, k, _", SHAPES[:4], ids=[s[0] for s in SHAPES[:4]])
+def test_8b_shapes_on_gpu_row_invariant_and_accurate(name, n, k, _, cuda_device, error_within):
+    """At the real shapes and default tilings (splits included): bitwise row invariance from 1 to
+    32 rows, and the accuracy bound against fp64."""
+    x, w, b = _operands(MAX_ROWS, n, k, torch.bfloat16, cuda_device, bias=False)
+    full = small_m_linear(x, w, impl="triton")
+    for lo, hi in [(0, 1), (5, 7), (0, 16), (31, 32)]:
+        assert torch.equal(small_m_linear(x[lo:hi], w, impl="triton"), full[lo:hi]), f"rows {lo}:{hi}"
+    _check_close(full, x, w, None, error_within)
+
+
+@pytest.mark.gpu
+def test_mode_under_cuda_graph_capture(cuda_device):
+    """Two routed linears (K split over programs at this shape, so both draw on the mode's
+    tickets, back to back) captured in a CUDA graph replay on new input data like eager calls."""
+    layers = [torch.nn.Linear(4096, 1024, dtype=torch.bfloat16, device=cuda_device) for _ in range(2)]
+    x = torch.randn(8, 4096, dtype=torch.bfloat16, device=cuda_device)
+    mode = SmallMLinearMode("triton", cuda_device)
+    assert mode.config_for(1024, 4096, torch.bfloat16).split_k > 1
+    with torch.no_grad(), mode:
+        [layer(x) for layer in layers]  # warm-up: compiles outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ys = [layer(x) for layer in layers]
+        for _ in range(2):  # twice: the split's tickets must be back at zero after a replay
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            torch.cuda.synchronize()
+            for y, layer in zip(ys, layers):
+                assert torch.equal(y, layer(x))
+        assert not mode.tickets.any()
+        assert (ys[0].float() - F.linear(x, layers[0].weight, layers[0].bias).float()).abs().max() < 0.05
+
+
+@pytest.mark.gpu
+def test_pdl_chain_waits_for_its_input(cuda_device):
+    """With programmatic dependent launch, a linear that reads the previous linear's output (in
+    a CUDA graph, back to back) still sees it whole: the same bits as without PDL."""
+    x, w1, _ = _operands(4, 4096, 4096, torch.bfloat16, cuda_device, bias=False)
+    w2 = _operands(1, 4096, 4096, torch.bfloat16, cuda_device, bias=False)[1]
+    outs = {}
+    for pdl in (False, True):
+        c1 = dataclasses.replace(default_config(4096, 4096, torch.bfloat16, 132), pdl=pdl)
+        c2 = dataclasses.replace(c1, split_k=1)
+
+        def chain(c1=c1, c2=c2):
+            return small_m_linear(small_m_linear(x, w1, impl="triton", config=c1), w2, impl="triton", config=c2)
+
+        chain()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = chain()
+        graph.replay()
+        torch.cuda.synchronize()
+        outs[pdl] = y.clone()
+    assert torch.equal(outs[True], outs[False])
