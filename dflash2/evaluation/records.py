@@ -65,7 +65,9 @@ class Record:
         temperature; identical_to_ar: tokens equal the AR arm's (None for the AR arm);
         departure: {"position", "margin", "top1", "top2"} at the first token that differs from
         the AR arm's (the target's top-1/top-2 logit gap there); target, draft_path,
-        num_draft_layers: what generated it; rank, world_size: the process of a sharded run.
+        num_draft_layers: what generated it; rank, world_size: the process of a sharded run;
+        exact_block_size: in exact mode, the padded width of every target forward after
+        prefill, one value for every arm of the run (`runner.exact_width`); None otherwise.
     """
 
     arm: str
@@ -99,6 +101,7 @@ class Record:
     num_draft_layers: int | None = None
     rank: int | None = None
     world_size: int | None = None
+    exact_block_size: int | None = None
 
     def __post_init__(self) -> None:
         where = f"record (arm={self.arm!r}, sample_id={self.sample_id!r})"

@@ -87,6 +87,15 @@ def _draft_fingerprint(draft_path: str | None) -> dict | None:
     return {"draft_files_sha": h.hexdigest()[:16]}
 
 
+def exact_width(arms, draft) -> int:
+    """The one padded width of every target forward in an exact run, the same for every arm
+    (AR, each N, selector-off, oracle), so their outputs are comparable bit for bit: the
+    drafter's `block_size` when the run has a drafter, widened to the largest N + 1 of its arms
+    (an oracle arm may verify more tokens than the drafter's block holds)."""
+    need = max(int(a.num_speculative_tokens) + 1 for a in arms)
+    return max(int(draft.block_size), need) if draft is not None else need
+
+
 class EvalRunner:
     """Runs one evaluation (one point of a Hydra grid).
 
@@ -113,6 +122,7 @@ class EvalRunner:
         self.draft = self._load_draft()
         self.arms = build_arms(cfg.arms, has_draft=self.draft is not None,
                                draft_has_selector=bool(self.draft is not None and self.draft.selector_enabled))
+        self.exact_width = exact_width(self.arms, self.draft) if cfg.exact else None
         self.run_id, self.identity = run_identity(cfg, self.fmt.to_dict(), _draft_fingerprint(cfg.draft_path))
         self.judge = load_judge(cfg.judge)
         self.limits = SandboxLimits(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb,
@@ -322,7 +332,7 @@ class EvalRunner:
             refs = [p + ar_by_id[s]["tokens"] for p, s in zip(prompts, sids)]
         draft = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl, references=refs,
                               seeds=seeds, accept_prob=cfg.arms.oracle_accept_prob)
-        kw = {"exact": True} if cfg.exact else {}
+        kw = {"exact": True, "exact_block_size": self.exact_width} if cfg.exact else {}
         level = getattr(cfg, "compile_level", None)
         if level is not None and self.target.device.type == "cuda":  # the CPU runs the stock modules
             kw["compile_level"] = level
@@ -356,7 +366,7 @@ class EvalRunner:
                 "target": cfg.target.name, "draft_path": cfg.draft_path,
                 "num_draft_layers": (int(self.draft.config.num_hidden_layers)
                                      if self.draft is not None and arm.kind in ("spec", "selector_off") else None),
-                **extra,
+                "exact_block_size": self.exact_width, **extra,
             }
             self._compare(rec, prompts[b], ar_by_id.get(sid))
             if self.judge is not None and item.dataset == "mt_bench":
@@ -431,6 +441,8 @@ def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = 
     summary = stats.summarize(records, n_resamples=cfg.stats.n_resamples, seed=cfg.stats.seed,
                               accuracy_margin=cfg.stats.accuracy_margin)
     summary["checks"] = run_checks(records, cfg.checks, exact=bool(cfg.exact))
+    widths = sorted({r.get("exact_block_size") for r in records} - {None})
+    summary["exact_block_size"] = widths[0] if len(widths) == 1 else (widths or None)
     if runner is not None:
         summary["run_id"], summary["prompt_format"] = runner.run_id, runner.fmt.to_dict()
     from dflash2.evaluation.cost import add_to_summary

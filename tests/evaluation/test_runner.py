@@ -295,3 +295,34 @@ def test_a_samples_draws_depend_on_its_id_only(runner):
         assert [r["tokens"] for r in pair] == [r["tokens"] for r in singles]
     finally:
         runner.cfg.temperature, runner.cfg.max_new_tokens = old_t, old_n
+
+
+def test_every_arm_of_an_exact_run_gets_the_same_padded_width(tmp_path):
+    """Exact mode compares arms bit for bit only when all run at one padded width: a block-8
+    drafter, its selector-off twin, an oracle at N = 3 and the AR arm (no draft) all record 8."""
+    from tests.evaluation.test_eval_configs import _compose
+
+    from dflash2.evaluation.run import run_eval
+
+    out = tmp_path / "exact"
+    cfg = _compose(["experiment=tiny_cpu", "draft.block_size=8", "exact=true", "data.limit=1",
+                    "data.datasets=[gsm8k,humaneval]", "max_new_tokens=6", f"output_dir={out}"])
+    run_eval(cfg, out, job_name="eval")
+    recs = read_records(out / "records.jsonl")
+    assert {r["arm_kind"] for r in recs} == {"ar", "spec", "selector_off", "oracle"}
+    assert {r["arm"]: r["exact_block_size"] for r in recs} == {r["arm"]: 8 for r in recs}
+    assert json.loads((out / "summary.json").read_text())["exact_block_size"] == 8
+    assert all(r["identical_to_ar"] for r in recs if r["arm_kind"] != "ar")
+
+
+def test_exact_width_widens_to_the_largest_verify_block():
+    from dflash2.evaluation.arms import Arm
+    from dflash2.evaluation.runner import exact_width
+
+    class Draft:
+        block_size = 8
+
+    arms = [Arm("ar", "ar", 0), Arm("dflash2@N=7", "spec", 7), Arm("oracle@N=15", "oracle", 15)]
+    assert exact_width(arms, Draft()) == 16
+    assert exact_width(arms[:2], Draft()) == 8
+    assert exact_width([Arm("ar", "ar", 0), Arm("oracle@N=3", "oracle", 3)], None) == 4
