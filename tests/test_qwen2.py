@@ -138,13 +138,13 @@ def test_sampled_distribution_matches_target():
 
 def test_exact_mode_speculative_equals_exact_ar_and_rows_alone():
     model = qwen2_target(head_scale=4.0)
-    rows = random_prompts(3, seed=2)
+    rows = random_prompts(2, seed=2)
     kw = dict(max_new_tokens=10, exact=True, exact_block_size=10)
     ar = speculative_generate(model, None, rows, **kw)
     plain = speculative_generate(model, None, rows, max_new_tokens=10)
     assert [s.tolist() for s in ar.sequences] == [s.tolist() for s in plain.sequences]
     refs = [s.tolist() for s in ar.sequences]
-    oracle = OracleProposer(refs, seeds=[0, 1, 2], block_size=10, accept_prob=0.9, vocab_size=VOCAB)
+    oracle = OracleProposer(refs, seeds=[0, 1], block_size=10, accept_prob=0.9, vocab_size=VOCAB)
     spec = speculative_generate(model, oracle, rows, num_speculative_tokens=5, **kw)
     assert sum(map(sum, spec.accepted)) / sum(map(len, spec.accepted)) >= 1.0  # it really accepts
     assert [s.tolist() for s in spec.sequences] == refs
@@ -164,21 +164,22 @@ def test_new_draft_mirrors_a_qwen2_target():
     target.check_compatible(cfg)
 
 
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_distillation_on_a_qwen2_target_lowers_the_loss(tmp_path, tied):
+def test_distillation_on_a_qwen2_target_lowers_the_loss(tmp_path):
+    """Untied head, as the 1.5B (the tied head's shared tensor is covered by the greedy test)."""
+    tied = False
     from dflash2.runconfig import prepare_output_dir
     from dflash2.training.metrics import read_metrics
     from dflash2.training.trainer import Distiller
     from tests.training.distill_helpers import synthetic_data, tiny_config
 
-    cfg = tiny_config(tmp_path / "run", max_steps=10, checkpoint_every=100, eval_max_new_tokens=0)
+    cfg = tiny_config(tmp_path / "run", max_steps=8, checkpoint_every=100, eval_max_new_tokens=0)
     cfg.target = qwen2_spec(tied=tied)
     target = TargetModel(copy.deepcopy(qwen2_target(tied=tied)).float()).requires_grad_(False)
     prepare_output_dir(tmp_path / "run", False)
     torch.manual_seed(0)
     final = Distiller(cfg, target, None, synthetic_data(), tmp_path / "run").fit()
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
-    assert [r["step"] for r in rows] == list(range(1, 11))
+    assert [r["step"] for r in rows] == list(range(1, 9))
     first, last = sum(r["loss"] for r in rows[:3]) / 3, sum(r["loss"] for r in rows[-3:]) / 3
     assert last < first - 0.1, (first, last)
     assert (final / "config.json").is_file()
