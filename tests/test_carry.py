@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,15 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.script_modules import load_script
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "carry.py"
 
 
 @pytest.fixture(scope="module")
 def carry():
-    spec = importlib.util.spec_from_file_location("carry_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/carry.py", "carry_script")
 
 
 @pytest.fixture

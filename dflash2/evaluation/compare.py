@@ -227,31 +227,36 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 # ------------------------------------------------------------------ tables (each: header, rows, data)
 
 
+def _drafter_arms(runs: list[ComparedRun], n: int):
+    """(run, kind, arm label) of every drafter arm (DFlash2, selector-off) at N = n, run by run."""
+    for run in runs:
+        for kind in DRAFT_KINDS:
+            arm = _arm_at(run, kind, n)
+            if arm is not None:
+                yield run, kind, arm
+
+
 def arms_table(runs: list[ComparedRun], n: int) -> tuple[list[str], list[list[str]], list[dict]]:
     """Per drafter (and its selector-off arm), T and dataset ("all" first) at N = n."""
     header = ["drafter", "T", "dataset", "n", "tau pooled [95% CI]", "tau per-request [95% CI]",
               "speedup vs AR [95% CI]", "accuracy % [95% CI]", "McNemar p", "identical to AR %"]
     rows, data = [], []
-    for run in runs:
-        for kind in DRAFT_KINDS:
-            arm = _arm_at(run, kind, n)
-            if arm is None:
-                continue
-            entry = run.summary["per_arm"][arm]
-            for ds, m in [("all", entry["overall"])] + sorted(entry["by_dataset"].items()):
-                rows.append([_variant(run.label, kind), f"{run.temperature:g}", ds, str(m.get("n", 0)),
-                             _with_ci(m.get("tau_pooled"), m.get("tau_pooled_ci")),
-                             _with_ci(m.get("tau_per_request"), m.get("tau_per_request_ci")),
-                             _with_ci(m.get("speedup"), m.get("speedup_ci")),
-                             _with_ci(m.get("accuracy"), m.get("accuracy_ci"), 1, 100) if m.get("n_scored") else "-",
-                             _p_value((m.get("mcnemar") or {}).get("p")),
-                             _num(100 * m["identical_fraction"], 1) if m.get("identical_fraction") is not None
-                             else "-"])
-                data.append({"drafter": run.label, "arm": arm, "kind": kind, "T": run.temperature, "dataset": ds,
-                             **{k: m.get(k) for k in ("n", "tau_pooled", "tau_pooled_ci", "tau_per_request",
-                                                       "tau_per_request_ci", "speedup", "speedup_ci", "accuracy",
-                                                       "accuracy_ci", "identical_fraction")},
-                             "mcnemar_p": (m.get("mcnemar") or {}).get("p")})
+    for run, kind, arm in _drafter_arms(runs, n):
+        entry = run.summary["per_arm"][arm]
+        for ds, m in [("all", entry["overall"])] + sorted(entry["by_dataset"].items()):
+            rows.append([_variant(run.label, kind), f"{run.temperature:g}", ds, str(m.get("n", 0)),
+                         _with_ci(m.get("tau_pooled"), m.get("tau_pooled_ci")),
+                         _with_ci(m.get("tau_per_request"), m.get("tau_per_request_ci")),
+                         _with_ci(m.get("speedup"), m.get("speedup_ci")),
+                         _with_ci(m.get("accuracy"), m.get("accuracy_ci"), 1, 100) if m.get("n_scored") else "-",
+                         _p_value((m.get("mcnemar") or {}).get("p")),
+                         _num(100 * m["identical_fraction"], 1) if m.get("identical_fraction") is not None
+                         else "-"])
+            data.append({"drafter": run.label, "arm": arm, "kind": kind, "T": run.temperature, "dataset": ds,
+                         **{k: m.get(k) for k in ("n", "tau_pooled", "tau_pooled_ci", "tau_per_request",
+                                                   "tau_per_request_ci", "speedup", "speedup_ci", "accuracy",
+                                                   "accuracy_ci", "identical_fraction")},
+                         "mcnemar_p": (m.get("mcnemar") or {}).get("p")})
     return header, rows, data
 
 
@@ -283,14 +288,10 @@ def position_table(runs: list[ComparedRun], n: int) -> tuple[list, list, list[di
     """Conditional per-position acceptance at N = n per drafter arm and T."""
     header = ["drafter", "T"] + [f"slot {i}" for i in range(1, n + 1)]
     rows, data = [], []
-    for run in runs:
-        for kind in DRAFT_KINDS:
-            arm = _arm_at(run, kind, n)
-            if arm is None:
-                continue
-            cond = conditional_acceptance(run.summary["per_arm"][arm]["overall"]["per_position_acceptance"])
-            rows.append([_variant(run.label, kind), f"{run.temperature:g}"] + [_num(c, 3) for c in cond])
-            data.append({"drafter": run.label, "kind": kind, "T": run.temperature, "conditional": cond})
+    for run, kind, arm in _drafter_arms(runs, n):
+        cond = conditional_acceptance(run.summary["per_arm"][arm]["overall"]["per_position_acceptance"])
+        rows.append([_variant(run.label, kind), f"{run.temperature:g}"] + [_num(c, 3) for c in cond])
+        data.append({"drafter": run.label, "kind": kind, "T": run.temperature, "conditional": cond})
     return header, rows, data
 
 
