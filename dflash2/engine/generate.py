@@ -16,11 +16,14 @@ through the same code. The token after the prompt comes from the prefill logits 
 
 Stopping is per row: `max_new_tokens` caps each row, and a stop token inside an accepted run
 truncates the row right after it. Finished rows keep riding along in the batch (static
-shapes) but commit nothing. The loop syncs with the host once per step (accepted counts and
-finished flags, one `[5, B]` report); the step body works in place on static buffers and has
-no other host sync (the draft cache's capacity check is skipped under capture), so on CUDA it
-replays from CUDA graphs, one per K/V bucket (`dflash2.engine.graphs`; `graphs=False` for the
-eager loop). The state the step works on (`dflash2.engine.state.DecodeState`) has a batch-bucket
+shapes) but commit nothing. The step's bookkeeping (lengths, budgets, stop tokens, finished
+flags, the commit) stays on the device, in the state's buffers; the host learns of it from one
+`[REPORT_ROWS, B]` report per step, copied into pinned memory without blocking, and reads step
+k's report while step k+1 runs (`dflash2.engine.reports`, `_run_steps`): the host never blocks
+on the step it just launched, except on a step expected to finish the call. The step body works
+in place on static buffers and has no host sync (the draft cache's capacity check is skipped
+under capture), so on CUDA it replays from CUDA graphs, one per K/V bucket
+(`dflash2.engine.graphs`; `graphs=False` for the eager loop). The state the step works on (`dflash2.engine.state.DecodeState`) has a batch-bucket
 row count on the graph path and is kept on the target, graphs included, for the next call with
 the same settings.
 
@@ -51,6 +54,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from dflash2.engine.cache import attention_kernel, exact_attention, static_attention
@@ -58,6 +62,7 @@ from dflash2.engine.compiled import compile_modules, eager_forward
 from dflash2.engine.draft import DFlash2Proposer
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, StepGraphs
 from dflash2.engine.inputs import check_generate_inputs
+from dflash2.engine.reports import ACC, ACTIVE, BAD, DONE, END, NEW
 from dflash2.engine.sampling import invalid_rows, row_seeds
 from dflash2.engine.state import (LEN_BUCKET, DecodeState, batch_bucket, keep_state, kept_state, prefill_rows,
                                   round_up, state_key)
@@ -157,7 +162,8 @@ def speculative_generate(
             then samples exactly as a batch of one with `seed=seed[b]`). None draws one.
         stop_token_ids: tokens that end a row (the stop token is kept in the output).
         impl: kernel implementation, `"auto" | "torch" | "triton"`, resolved once here.
-        timing: synchronize the device before each phase reading (accurate, slower).
+        timing: synchronize the device before each phase reading and wait for each step's
+            report right after launching it (accurate per-step device times, slower calls).
         exact: exact mode (module docstring): greedy speculative output equals AR output bit
             for bit in any dtype, and each row equals the same prompt run alone. Compare an exact
             run with an exact AR run of the same `exact_block_size`.
@@ -255,20 +261,20 @@ def speculative_generate(
             keep_state(tgt, state)
     try:
         return _decode(state, tgt, rows, checked, max_new_tokens=max_new_tokens, temperature=temperature, stops=stops,
-                       kv_bucket=kv_bucket, clock=clock, sync=sync, attn_impl=attn_impl)
+                       kv_bucket=kv_bucket, clock=clock, sync=sync, attn_impl=attn_impl, pipelined=not timing)
     finally:
         state.lock.release()
 
 
 def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], checked, *, max_new_tokens: int,
-            temperature: float, stops, kv_bucket: int, clock, sync: bool, attn_impl: str) -> SpeculativeOutput:
+            temperature: float, stops, kv_bucket: int, clock, sync: bool, attn_impl: str,
+            pipelined: bool) -> SpeculativeOutput:
     """Prefill, then the decoding loop on `state` (its rows 0..len(rows)-1), then the outputs."""
     device, exact, n_spec, layer_ids = tgt.device, state.exact, state.n_spec, state.layer_ids
     bsz, batch, cache = len(rows), state.batch, state.cache
     plen_host = [r.numel() for r in rows]
     p_max = max(plen_host)
     times = StepTimes(synchronized=sync)
-    accepted: list[list[int]] = [[] for _ in range(bsz)]
 
     with static_attention(tgt.model), exact_attention(exact), attention_kernel(attn_impl):
         t_start = clock()
@@ -299,8 +305,6 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
                     batch - bsz, *prefill_features.shape[1:])])
         state.start(first, (prefill_features, prompt_pos.expand(batch, p_max), state.plens.clone()))
         times.prefill = clock() - t_start
-        gen_host = [1] * bsz
-        done_host = state.done.tolist()
         # Every buffer the step reads or writes is static and updated in place, so the step can run
         # eagerly or as a captured CUDA graph (dflash2.engine.graphs) on the same state. The first
         # step reads the prompt's features; later steps read the context buffers the step before wrote.
@@ -310,32 +314,90 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
                 state.runner = StepGraphs(state.step, device)
             runner = state.runner
             captures_before = runner.captures
-        step = 0
-        while not all(done_host):
-            step += 1
-            kv_need = max(p + g - 1 for p, g in zip(plen_host, gen_host)) + n_spec + 1
-            if runner is not None and step > 1:
-                # Graph buckets are coarser than eager ones: fewer captures; masked tail slots are free.
-                t0 = clock()
-                times.replayed.append(runner.step(min(round_up(kv_need, GRAPH_KV_BUCKET), state.max_len)))
-            else:
-                kv_len = round_up(kv_need, kv_bucket) if kv_bucket else kv_need  # a new shape every bucket only
-                t0 = state.step(kv_len, record=times, clock=clock)
-                if runner is not None:
-                    times.replayed.append(False)
-            acc_host, n_host, done_new, bad_host, act_host = state.report.tolist()
-            _check_valid(bad_host, "target or draft logits", step)
-            times.verify.append(clock() - t0)
-            for b in range(bsz):
-                if act_host[b]:
-                    accepted[b].append(acc_host[b])
-                    gen_host[b] += n_host[b]
-            done_host = [bool(x) for x in done_new]
+        steps, last = _run_steps(state, runner, times, plen_host, max_new_tokens=max_new_tokens,
+                                 kv_bucket=kv_bucket, clock=clock, pipelined=pipelined)
         if runner is not None:
             times.graph_captures, times.graph_error = runner.captures - captures_before, runner.failed
         times.total = clock() - t_start
 
+    history = state.reports.history(steps)
+    acc_hist, act_hist = history[:, ACC, :bsz], history[:, ACTIVE, :bsz] == 1
+    accepted = [acc_hist[act_hist[:, b], b].tolist() for b in range(bsz)]
+    gen_host = [1] * bsz if last is None else (last[END, :bsz] - np.asarray(plen_host)).tolist()
     tok_cpu = state.tokens[:bsz].cpu()
     reasons = ["stop" if h else "length" for h in state.hit_stop[:bsz].tolist()]
     seqs = [tok_cpu[b, : plen_host[b] + gen_host[b]].clone() for b in range(bsz)]
     return SpeculativeOutput(seqs, accepted, plen_host, reasons, n_spec, times)
+
+
+def _run_steps(state: DecodeState, runner, times: StepTimes, plen_host: list[int], *, max_new_tokens: int,
+               kv_bucket: int, clock, pipelined: bool) -> tuple[int, np.ndarray | None]:
+    """The decoding loop after the prefill: steps until every row is done.
+
+    Pipelined (the default), step k+1 is launched before the host waits for step k's report
+    (`dflash2.engine.reports`), so the host never blocks on the step it just launched and the
+    device never idles between steps. When a report shows every row done, the step launched after
+    it runs on finished rows only, which changes no output (they commit nothing; the device-side
+    finished flags gate every write that an output reads). The host waits for a step before
+    launching the next only when that step is expected to finish every row: each active row's
+    budget left is at most the call's mean tokens per row and step so far (1 for AR, so an AR call
+    ends without an extra step). A wrong guess costs either one step on finished rows or one host
+    wait, never an output change. `pipelined=False` (the `timing` mode) waits for each step right
+    after launching it.
+
+    Per-step host work is a few vectorized reads of the report; the accepted counts are read from
+    the report history once per call. `times` gets, per step the device ran (a lookahead step
+    included), `replayed` and `verify`: the verify phase of an eager step with phase readings, or
+    else the host time from the previous report's arrival to this one's (the step's wall time).
+
+    Returns:
+        `(steps, last)`: steps run, and the last report read (`[REPORT_ROWS, B]`, None if no step ran).
+    """
+    bsz, n_spec, reports = len(plen_host), state.n_spec, state.reports
+    reports.reserve(max_new_tokens + 1)  # each step commits a token per active row: <= max_new_tokens steps
+    plens = np.asarray(plen_host)
+    done = bool(state.done.all())  # one read after the prefill (which synchronized already)
+    end_max = max(plen_host) + 1  # the largest committed length among the reports read
+    committed = row_steps = 0  # tokens committed and row-steps run by the active rows, over the reports read
+    may_end = max_new_tokens - 1 <= 1  # the oldest unread step is expected to finish every row
+    launched = seen = 0
+    t_prev = clock()
+    t0s: list[float] = []
+    last = None
+    while not done or launched > seen:
+        if not done:
+            launched += 1
+            # Rows grow by at most N + 1 per step: bound the K/V length over the steps not yet read.
+            kv_need = end_max + n_spec + (launched - 1 - seen) * (n_spec + 1)
+            if runner is not None and launched > 1:
+                # Graph buckets are coarser than eager ones: fewer captures; masked tail slots are free.
+                t0s.append(clock())
+                times.replayed.append(runner.step(min(round_up(kv_need, GRAPH_KV_BUCKET), state.max_len)))
+            else:
+                kv_len = round_up(kv_need, kv_bucket) if kv_bucket else kv_need  # a new shape every bucket only
+                t0s.append(state.step(min(kv_len, state.max_len), record=times, clock=clock))
+                if runner is not None:
+                    times.replayed.append(False)
+            reports.post(launched)
+        # Wait for the oldest unread step once another is queued behind it, or when it may be the last.
+        while launched > seen and (done or not pipelined or may_end or launched - seen >= 2):
+            seen += 1
+            last = reports.wait(seen)
+            t_now = clock()
+            times.verify.append(t_now - max(t0s[seen - 1], t_prev))
+            t_prev = t_now
+            bad = last[BAD, :bsz]
+            if bad.any():
+                _check_valid(bad.astype(bool).tolist(), "target or draft logits", seen)
+            if done:  # a lookahead step on finished rows: nothing to update
+                continue
+            ends = last[END, :bsz]
+            end_max = int(ends.max())
+            done = bool(last[DONE].all())
+            committed += int(last[NEW, :bsz].sum())
+            row_steps += int(last[ACTIVE, :bsz].sum())
+            left = max_new_tokens - (ends - plens)  # budget left per row
+            may_end = bool(left[last[DONE, :bsz] == 0].max(initial=0) <= committed / max(row_steps, 1))
+            if done:
+                break
+    return seen, last

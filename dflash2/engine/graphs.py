@@ -1,11 +1,12 @@
 """CUDA-graph replay of the engine's steady-state decoding step.
 
 `speculative_generate` keeps its whole per-step state in static device buffers (tokens, lengths,
-finished flags, the target and draft caches, the next step's context features, and a `[5, B]`
-report of accepted counts / new tokens / finished / invalid / active rows) and writes them in
-place. The step body therefore has no inputs but those buffers, which is what a CUDA graph needs:
-capture it once and every later step is one `replay()` plus the single device-to-host copy of
-the report that the loop needs to know which rows are done.
+finished flags, the target and draft caches, the next step's context features, and a
+`[REPORT_ROWS, B]` report of accepted counts / new tokens / finished / invalid / active rows /
+lengths) and writes them in place. The step body therefore has no inputs but those buffers, which
+is what a CUDA graph needs: capture it once and every later step is one `replay()` plus the
+asynchronous device-to-host copy of the report (`dflash2.engine.reports`), which the loop reads
+one step later to know which rows are done.
 
 What changes the step's shapes gets a graph of its own: the K/V length handed to the target's
 attention (`kv_len`, rounded up to `GRAPH_KV_BUCKET` slots, so a graph serves every step whose

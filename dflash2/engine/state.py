@@ -2,7 +2,7 @@
 
 `DecodeState` holds every buffer the steady-state step reads or writes (tokens, per-row lengths,
 budgets and finished flags, the target cache, the draft's proposer with its context cache, the
-next step's context features, the `[5, B]` report) and `DecodeState.step` updates them in place.
+next step's context features, the `[REPORT_ROWS, B]` report) and `DecodeState.step` updates them in place.
 The step reads nothing else: no per-call Python value is baked into it (the token budget is a
 per-row tensor), so a CUDA graph captured from it by one call replays correctly in the next.
 
@@ -31,6 +31,7 @@ import torch
 
 from dflash2.engine.cache import StaticTargetCache
 from dflash2.engine.draft import DraftStep, Proposal
+from dflash2.engine.reports import REPORT_ROWS, StepReports
 from dflash2.engine.sampling import filter_logits, invalid_rows
 from dflash2.kernels.verify import verify_block
 from dflash2.target import TargetModel
@@ -186,7 +187,8 @@ class DecodeState:
         self.ctx_pos = torch.zeros(batch, n_spec + 1, **longs)
         self.ctx_counts = torch.zeros(batch, **longs)
         self.first_context: tuple | None = None
-        self.report = torch.zeros(5, batch, **longs)  # the step's one device-to-host copy
+        self.report = torch.zeros(REPORT_ROWS, batch, **longs)  # the step's one device-to-host copy
+        self.reports = StepReports(self.report, max_len)  # its host copies, one per step (reused by later calls)
 
     def close(self) -> None:
         """Drop the graphs: the runner's step is this state's bound method, a reference cycle that
@@ -300,5 +302,6 @@ class DecodeState:
         self.ctx_pos.copy_(pos_w[:, : n_spec + 1])
         self.ctx_counts.copy_(acc + 1)
         self.first_context = None
-        self.report.copy_(torch.stack([acc, n_new, done.long(), (bad & active).long(), active.long()]))
+        self.report.copy_(torch.stack([acc, n_new, done.long(), (bad & active).long(), active.long(),
+                                       self.plens + gen]))  # rows: dflash2.engine.reports
         return t0

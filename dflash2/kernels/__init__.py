@@ -13,5 +13,5 @@ its launcher and the dispatch on an already-resolved ``impl``):
 
 ``dispatch.resolve_impl`` turns ``"auto" | "torch" | "triton"`` into ``"torch" | "triton"`` once;
 ``keyed_random`` is the counter-based RNG shared by references and kernels; ``python -m
-dflash2.kernels.bench`` times every kernel against its reference (docs/PERFORMANCE.md).
+benchmarks.kernels`` (repository root) times every kernel against its reference (docs/PERFORMANCE.md).
 """

@@ -48,7 +48,7 @@ def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int = _BLOCK_N,
 def _row_attention_triton(query, key, value, positions, window, scale, splits=None, block_n=_BLOCK_N,
                           num_warps=4):
     """The Triton path; `splits`, `block_n` and `num_warps` are tiling knobs (the defaults are the
-    engine's; `python -m dflash2.kernels.bench --sweep` times alternatives)."""
+    engine's; `python -m benchmarks.kernels --sweep` times alternatives)."""
     b, nh, q, hd = query.shape
     nkv, kv = key.shape[1], key.shape[2]
     if nh % nkv:

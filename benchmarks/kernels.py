@@ -1,6 +1,6 @@
 """Benchmark the fused DFlash2 kernels against their torch references at Qwen3-8B shapes.
 
-    python -m dflash2.kernels.bench [--out table.md] [--batches 1 8 32] [--sweep]
+    python -m benchmarks.kernels [--out table.md] [--batches 1 8 32] [--sweep]
 
 Per kernel and batch: the Triton time (median of CUDA-graph replays, so launch overhead is
 the GPU's, not Python's), the bytes it must move, GB/s and % of the measured HBM roofline (a
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> str:
                         choices=list(SWEPT), help="the kernels --sweep covers (default: all)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("dflash2.kernels.bench needs a CUDA device")
+        raise SystemExit("benchmarks.kernels needs a CUDA device")
     import triton
 
     torch.manual_seed(0)
