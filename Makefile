@@ -23,4 +23,4 @@ test-gpu:
 	$(PY) -m pytest -m gpu
 
 bench:
-	$(PY) -m dflash2.kernels.bench
+	$(PY) -m benchmarks.kernels

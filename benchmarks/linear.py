@@ -132,7 +132,7 @@ def time_graph_us(fn: Callable[[int], object], calls: int, replays: int) -> floa
 
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth, bytes read + written per second (GB/s): a 1 GiB fp32
-    `copy_` of random data timed eagerly, as `dflash2.kernels.bench` and the engine bench do (a
+    `copy_` of random data timed eagerly, as `benchmarks.kernels` and the engine bench do (a
     memcpy node inside a CUDA graph ran at about two thirds of that on the H200)."""
     import triton
 

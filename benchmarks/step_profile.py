@@ -3,7 +3,7 @@
     OUT=/tmp/o python -m benchmarks.step_profile [--variants base,light,full] [--budget-s 540]
 
 Qwen3-8B shape, bf16, random weights, 5-layer random DFlash2 draft, context 512 (the engine
-benchmark's models, `dflash2.engine.bench.build_models`). For each variant of the target:
+benchmark's models, `benchmarks.engine.build_models`). For each variant of the target:
 
 - **graph ms/step**: median whole-step time of the CUDA-graph engine (replayed steps only) for
   AR, the DFlash2 draft and the device oracle (whose proposals cost almost nothing, so its step
@@ -32,7 +32,7 @@ import torch
 
 
 from dflash2.engine import speculative_generate
-from dflash2.engine.bench import build_models
+from benchmarks.engine import build_models
 from dflash2.engine.compiled import COMPILE_LEVELS, COMPILED_FLAG
 from dflash2.evaluation.oracle import DeviceOracleProposer
 

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from dflash2.engine.generate import SpeculativeOutput
 from dflash2.engine.stats import StepTimes
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "cost_model.py"
-
-
 def _load():
-    spec = importlib.util.spec_from_file_location("gpu_cost_model_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from benchmarks import cost_model
+
+    return cost_model
 
 
 def _out(times: StepTimes, accepted: list[list[int]]) -> SpeculativeOutput:
