@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,9 @@ class TargetModel(nn.Module):
         self.decoder_layers = decoder.layers
         self.cache_keyword = cache_keyword(model)
         self.layer_ids = list(layer_ids) if layer_ids is not None else []
-        self._capture: dict[int, torch.Tensor] | None = None
+        # The features of the forward running in this thread (None outside a forward): per thread,
+        # so two threads' forwards on one model never read each other's layer outputs.
+        self._capturing = threading.local()
         last = len(self.decoder_layers) - 1
         for i, layer in enumerate(self.decoder_layers):
             if i != last:
@@ -59,8 +62,9 @@ class TargetModel(nn.Module):
 
     def _make_hook(self, idx: int):
         def hook(_module, _inputs, output):
-            if self._capture is not None and idx in self._capture:
-                self._capture[idx] = output[0] if isinstance(output, tuple) else output
+            capture = getattr(self._capturing, "features", None)
+            if capture is not None and idx in capture:
+                capture[idx] = output[0] if isinstance(output, tuple) else output
         return hook
 
     # ------------------------------------------------------------------ loading
@@ -178,15 +182,15 @@ class TargetModel(nn.Module):
         bad = [i for i in ids if not 0 <= i < self.num_layers]
         if bad:
             raise ValueError(f"layer_ids {bad} out of range for a target with {self.num_layers} layers")
-        self._capture = {i: None for i in ids}
+        capture = self._capturing.features = {i: None for i in ids}
         kw = self.cache_keyword
         try:
             out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids,
                              use_cache=past_key_values is not None, logits_to_keep=logits_to_keep,
                              **{kw: past_key_values}, **kwargs)
-            feats = torch.cat([self._capture[i] for i in ids], dim=-1) if ids else None
+            feats = torch.cat([capture[i] for i in ids], dim=-1) if ids else None
         finally:
-            self._capture = None
+            self._capturing.features = None
         # The output field was renamed with the keyword; reading the old name warns on 5.24.
         return TargetOutput(out.logits, feats, out.get(kw))
 

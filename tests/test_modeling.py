@@ -128,7 +128,6 @@ def test_cached_forward_equals_full_forward_with_uneven_rows():
 
 def _cached_steps(model, impl: str):
     """Three cached drafting steps over uneven rows (per-row context counts) with `impl` attention."""
-    model.set_attention_impl(impl)
     cfg = model.config
     n, H, q = len(cfg.target_layer_ids), cfg.hidden_size, 4
     g = torch.Generator().manual_seed(11)
@@ -140,7 +139,7 @@ def _cached_steps(model, impl: str):
             pos = torch.cat([lengths[:, None] + torch.arange(width), start[:, None] + torch.arange(q)], 1)
             noise = torch.randn(2, q, H, generator=g)
             outs.append(model(pos, noise, torch.randn(2, width, n * H, generator=g), past_key_values=cache,
-                              context_lengths=counts))
+                              context_lengths=counts, attention_impl=impl))
             lengths = start
     return outs
 
@@ -165,7 +164,7 @@ def test_cached_attention_kernel_equals_the_masked_reference(variant):
     for a, b in zip(out, ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="resolved"):
-        model.set_attention_impl("auto")
+        _cached_steps(model, "auto")
 
 
 def _sensitivity(model, change_ctx_at=None, change_blk_at=None):

@@ -50,7 +50,7 @@ def test_conv_resolves_again_after_impl_or_device_change(resolutions):
     z = torch.randn(1, 4, 16)
     with torch.no_grad():
         _apply(conv, z)
-        conv.impl = "torch"      # what DFlash2DraftModel.set_kernel_impl does
+        conv.impl = "torch"      # a new default impl for the module
         _apply(conv, z)
         _apply(conv, z)
         conv.double()            # `.to(...)` may move the module: the next call decides again

@@ -14,9 +14,11 @@ through transformers' public extension points:
   It masks per row: key slot `j` is visible to query `i` of row `b` iff
   `j <= positions[b, i]` (= `len_b + i`), and, on a sliding layer with window `W`, also
   `j > positions[b, i] - W` (the HF sliding-window convention). The kernel is
-  `dflash2.kernels.row_attention`: SDPA with a mask built once per forward
-  (`attention_kernel("torch")`, and for prompts), or a split-key GQA Triton kernel that needs no
-  mask (`attention_kernel("triton")`, the engine's default on CUDA).
+  `dflash2.kernels.row_attention`: SDPA with a mask (`"torch"`, and for prompts), or a split-key
+  GQA Triton kernel that needs no mask (`"triton"`, the engine's default on CUDA). The choice,
+  exact mode and the masks come with each forward as attention kwargs that the engine builds from
+  its settings (`StaticTargetCache.attention_kwargs`: `dfl2_kernel`, `dfl2_exact`, `dfl2_masks`,
+  the masks built once per forward for all layers); no context variable or thread-local is read.
   The positions come from the `position_ids` kwarg, which stock Qwen3/Llama decoder layers
   forward to the attention function. We deliberately do *not* register a mask function in `AttentionMaskInterface`:
   for an implementation name missing there, `masking_utils` returns no mask at all
@@ -24,13 +26,13 @@ through transformers' public extension points:
   its own and the cache's `get_mask_sizes` is never consulted.
 
 `static_attention(model)` switches a model to this attention for the duration of a
-`with` block (via `set_attn_implementation`) and restores the previous implementation.
+`with` block (via `set_attn_implementation`) and restores the previous implementation (once the
+last of overlapping calls leaves).
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import threading
 from collections.abc import Iterator
 
@@ -46,10 +48,7 @@ from dflash2.kernels.row_attention import row_attention as row_attention_kernel
 # The name must not contain "flash": transformers treats any such name as a FlashAttention
 # kernel request (`is_flash_attention_requested` is a substring test) and tries to load it.
 ATTN_IMPLEMENTATION = "dfl2_row_static"
-# Set by the engine for the duration of an exact-mode call (see `exact_attention`).
-_EXACT: contextvars.ContextVar[bool] = contextvars.ContextVar("dfl2_exact_attention", default=False)
-# The resolved attention kernel of the current call, "torch" or "triton" (see `attention_kernel`).
-_KERNEL: contextvars.ContextVar[str] = contextvars.ContextVar("dfl2_attention_kernel", default="torch")
+FULL_WINDOW = 0  # the `dfl2_masks` key of layers without a sliding window
 
 
 class _RowState:
@@ -152,6 +151,8 @@ class StaticTargetCache(Cache):
         super().__init__(layers=layers)
         nkv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.heads = (config.num_attention_heads, nkv, hd)  # query heads, K/V heads, head dim
+        self.windows = sorted({layer.sliding_window or FULL_WINDOW for layer in layers})
         self.early_initialization(batch_size, nkv, hd, dtype, device)
 
     @property
@@ -183,42 +184,29 @@ class StaticTargetCache(Cache):
         self.state.kv_len = self.state.max_len if kv_len is None else min(int(kv_len), self.state.max_len)
         self.state.row, self.state.rows = row, rows
 
+    def attention_kwargs(self, kernel: str, exact: bool = False) -> dict:
+        """The attention kwargs of the forward just `prepare`d, for `row_attention`: the resolved
+        kernel (`"torch" | "triton"`), exact mode, and, where the forward takes the mask path
+        (the torch kernel, exact mode on CUDA, or shapes the Triton kernel refuses, such as
+        prompts), the visibility masks `{window or FULL_WINDOW: [B, q, kv] bool}` built here once
+        for every layer of the forward."""
+        pos = self.state.positions
+        if pos is None:
+            raise RuntimeError("StaticTargetCache.prepare(positions) must come before attention_kwargs")
+        b, q = pos.shape
+        kw = {"dfl2_kernel": kernel, "dfl2_exact": exact}
+        if kernel == "triton" and not (exact and pos.is_cuda) and kernel_fits(*self.heads[:2], q, self.heads[2]):
+            return kw
+        kv = self.state.kv_len
+        kw["dfl2_masks"] = {w: visible_mask(pos, b, q, kv, w or None) for w in self.windows}
+        return kw
+
     def set_lengths(self, lengths: torch.Tensor) -> None:
         """Commit/rollback: row `b` keeps slots `< lengths[b]` (no data moves)."""
         self.state.lengths.copy_(lengths)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.layers[0].get_seq_length() if self.layers else 0
-
-
-# The last forward's masks: every layer of one forward gets the same `position_ids` tensor, so the
-# mask is built once per forward and window instead of once per layer (three kernels a layer).
-# Per thread, so that engine calls in two threads never hand each other a mask.
-_LOCAL = threading.local()
-
-
-def _mask_cache() -> dict:
-    if not hasattr(_LOCAL, "masks"):
-        _LOCAL.masks = {"key": None, "masks": {}}
-    return _LOCAL.masks
-
-
-def _visible(position_ids: torch.Tensor, b: int, q: int, kv: int, window: int | None,
-             device: torch.device) -> torch.Tensor:
-    """`[B, q, kv]` bool: key slot j visible to query i of row b (`j <= pos[b, i]`, within `window`)."""
-    tracing = torch.compiler.is_compiling()
-    # Same tensor object, unmodified since (its version counter), same shapes: the mask still holds.
-    key = (id(position_ids), position_ids._version, b, q, kv, device) if not tracing else None
-    cached = _mask_cache()
-    if key is not None and key == cached["key"] and window in cached["masks"]:
-        return cached["masks"][window]
-    visible = visible_mask(position_ids.to(device), b, q, kv, window)
-    if key is not None:
-        if key != cached["key"]:
-            # Holding the tensor keeps its id from being reused by another tensor while cached.
-            cached.update(key=key, masks={}, positions=position_ids)
-        cached["masks"][window] = visible
-    return visible
 
 
 def row_attention(
@@ -231,6 +219,9 @@ def row_attention(
     dropout: float = 0.0,
     sliding_window: int | None = None,
     position_ids: torch.Tensor | None = None,
+    dfl2_kernel: str = "torch",
+    dfl2_exact: bool = False,
+    dfl2_masks: dict[int, torch.Tensor] | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Per-row masked attention over the static cache (registered as `"dfl2_row_static"`).
@@ -240,6 +231,8 @@ def row_attention(
         attention_mask: must be None (no mask function is registered for this implementation).
         sliding_window: the layer's window (Qwen3 passes it; else `module.sliding_window`).
         position_ids: `[B, q]` (or `[1, q]`) absolute positions of the queries.
+        dfl2_kernel, dfl2_exact, dfl2_masks: the call's kernel, exact mode, and the forward's
+            masks (`StaticTargetCache.attention_kwargs`); a mask missing there is built here.
 
     Returns:
         `([B, q, nh, hd], None)`, like the stock attention functions.
@@ -253,13 +246,14 @@ def row_attention(
         raise RuntimeError(f"{ATTN_IMPLEMENTATION} builds its own per-row mask; got an HF mask as well")
     b, nh, q, _ = query.shape
     window = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
-    # (Exact mode never runs compiled, and dynamo cannot read a ContextVar: skip it while tracing.)
-    exact = query.is_cuda and not torch.compiler.is_compiling() and _EXACT.get()
+    exact = query.is_cuda and dfl2_exact
     # The Triton kernel takes decode / verify blocks (no mask tensor: visibility comes from the
     # positions); prompts go through SDPA.
-    if not exact and _KERNEL.get() == "triton" and kernel_fits(nh, key.shape[1], q, query.shape[-1]):
+    if not exact and dfl2_kernel == "triton" and kernel_fits(nh, key.shape[1], q, query.shape[-1]):
         return row_attention_kernel(query, key, value, position_ids, window, scaling, impl="triton"), None
-    visible = _visible(position_ids, b, q, key.shape[2], window, query.device)
+    visible = None if dfl2_masks is None else dfl2_masks.get(window or FULL_WINDOW)
+    if visible is None or visible.shape != (b, q, key.shape[2]):
+        visible = visible_mask(position_ids.to(query.device), b, q, key.shape[2], window)
     nkv = key.shape[1]
     if exact:
         # Exact mode: the memory-efficient kernel walks the keys of each (row, head, query tile)
@@ -283,43 +277,34 @@ def row_attention(
 AttentionInterface.register(ATTN_IMPLEMENTATION, torch.compiler.disable(row_attention))
 
 
-@contextlib.contextmanager
-def exact_attention(enabled: bool = True) -> Iterator[None]:
-    """Inside the block, `row_attention` on CUDA runs the batch- and tail-invariant kernel (exact mode)."""
-    token = _EXACT.set(bool(enabled))
-    try:
-        yield
-    finally:
-        _EXACT.reset(token)
-
-
-@contextlib.contextmanager
-def attention_kernel(impl: str) -> Iterator[None]:
-    """Inside the block, `row_attention` runs `impl` (resolved: `"torch"` = SDPA with a mask,
-    `"triton"` = `dflash2.kernels.row_attention`); exact mode keeps its own kernel either way."""
-    if impl not in ("torch", "triton"):
-        raise ValueError(f"attention kernel must be a resolved 'torch' or 'triton', got {impl!r}")
-    token = _KERNEL.set(impl)
-    try:
-        yield
-    finally:
-        _KERNEL.reset(token)
+_SWITCH_LOCK = threading.Lock()
+_USERS = "_dflash2_static_attention_users"  # on the HF model: (calls inside static_attention, previous impl)
 
 
 @contextlib.contextmanager
 def static_attention(model) -> Iterator[None]:
-    """Run `model` (an HF `PreTrainedModel`) with `"dfl2_row_static"` attention inside the block."""
-    previous = model.config._attn_implementation
-    if previous == ATTN_IMPLEMENTATION:
-        yield
-        return
-    model.set_attn_implementation(ATTN_IMPLEMENTATION)
-    if model.config._attn_implementation != ATTN_IMPLEMENTATION:
-        raise RuntimeError(
-            f"{type(model).__name__} refused attn_implementation={ATTN_IMPLEMENTATION!r}; the engine needs a "
-            "model whose attention goes through transformers' AttentionInterface"
-        )
+    """Run `model` (an HF `PreTrainedModel`) with `"dfl2_row_static"` attention inside the block.
+
+    Calls that overlap (two threads on one model) share the switch: the first one in sets the
+    implementation, the last one out restores the previous one, so no call's forward ever runs
+    with another call's restore in between."""
+    with _SWITCH_LOCK:
+        users, previous = model.__dict__.get(_USERS, (0, None))
+        if users == 0:
+            previous = model.config._attn_implementation
+            if previous != ATTN_IMPLEMENTATION:
+                model.set_attn_implementation(ATTN_IMPLEMENTATION)
+                if model.config._attn_implementation != ATTN_IMPLEMENTATION:
+                    raise RuntimeError(
+                        f"{type(model).__name__} refused attn_implementation={ATTN_IMPLEMENTATION!r}; the engine "
+                        "needs a model whose attention goes through transformers' AttentionInterface")
+        model.__dict__[_USERS] = (users + 1, previous)
     try:
         yield
     finally:
-        model.set_attn_implementation(previous)
+        with _SWITCH_LOCK:
+            users, previous = model.__dict__.pop(_USERS)
+            if users > 1:
+                model.__dict__[_USERS] = (users - 1, previous)
+            elif previous != ATTN_IMPLEMENTATION:
+                model.set_attn_implementation(previous)

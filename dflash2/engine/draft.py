@@ -76,20 +76,27 @@ class DFlash2Proposer:
         draft: the draft model.
         target: the `TargetModel` (its embedding table and LM head are the draft's).
         batch_size, max_len: cache rows and slots per row.
-        impl: kernel implementation, already resolved (`"torch"` or `"triton"`).
+        impl: kernel implementation, already resolved (`"torch"` or `"triton"`): top-k, selector
+            walk and the draft's conv.
         clock: returns a wall-clock reading, synchronizing the device first when timing.
+        attention_impl: the draft's cached attention, resolved (`"torch"` or `"triton"`).
+        use_selector: False proposes the per-slot argmax with one-hot q (k = 1) even for a draft
+            with a selector (the selector-off ablation); a v1 draft always does.
+    All of these are passed to the draft's forward per call; nothing is set on the draft.
     """
 
     graph_safe = True  # propose() is device work only: it can be captured in a CUDA graph
 
-    def __init__(self, draft, target, batch_size: int, max_len: int, impl: str, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, draft, target, batch_size: int, max_len: int, impl: str, clock: Callable[[], float] = time.perf_counter,
+                 *, attention_impl: str = "torch", use_selector: bool = True):
         self.draft, self.target, self.impl, self.clock = draft, target, impl, clock
+        self.attention_impl = attention_impl
         self.cache = draft.new_cache(batch_size, max_len)
         cfg = draft.config
         self.mask_token_id = int(cfg.mask_token_id)
         self.multiplier = float(cfg.output_multiplier)
         self.softcap = float(cfg.final_logit_softcapping)
-        self.selector = draft.candidate_selector if draft.selector_enabled else None
+        self.selector = draft.candidate_selector if draft.selector_enabled and use_selector else None
         self.top_k = int(cfg.selector_top_k) if self.selector is not None else 1
 
     def propose(self, step: DraftStep) -> Proposal:
@@ -108,6 +115,8 @@ class DFlash2Proposer:
             past_key_values=self.cache,
             use_cache=True,
             context_lengths=step.context_counts,
+            kernel_impl=self.impl,
+            attention_impl=self.attention_impl,
         )[:, 1:]  # [B, N, H]: slot j predicts position start + j
         t1 = self.clock()
         # Contiguous, so the head is one GEMM over the B*N rows: the slice is not viewable as 2-D,

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dflash2.engine.cache import attention_kernel, exact_attention, static_attention
+from dflash2.engine.cache import static_attention
 from dflash2.engine.compiled import compile_modules, eager_forward
 from dflash2.engine.draft import DFlash2Proposer
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, StepGraphs
@@ -67,7 +67,6 @@ from dflash2.engine.sampling import invalid_rows, row_seeds
 from dflash2.engine.state import (LEN_BUCKET, DecodeState, batch_bucket, keep_state, kept_state, prefill_rows,
                                   round_up, state_key)
 from dflash2.engine.stats import StepTimes, summarize
-from dflash2.kernels.dispatch import resolve_impl
 from dflash2.kernels.verify import verify_block
 from dflash2.target import TargetModel
 
@@ -161,7 +160,9 @@ def speculative_generate(
         seed: base seed; row b uses `row_seed(seed, b)`. A list gives one seed per row (row b
             then samples exactly as a batch of one with `seed=seed[b]`). None draws one.
         stop_token_ids: tokens that end a row (the stop token is kept in the output).
-        impl: kernel implementation, `"auto" | "torch" | "triton"`, resolved once here.
+        impl: kernel implementation, `"auto" | "torch" | "triton"`, resolved once by the input
+            checks into the call's `EngineSettings` (`dflash2.engine.settings`), which is passed
+            down: nothing is set on the target or the draft.
         timing: synchronize the device before each phase reading and wait for each step's
             report right after launching it (accurate per-step device times, slower calls).
         exact: exact mode (module docstring): greedy speculative output equals AR output bit
@@ -205,17 +206,11 @@ def speculative_generate(
     if max_new_tokens == 0:
         return SpeculativeOutput([r.cpu() for r in rows], [[] for _ in rows], plen_host, ["length"] * bsz, n_spec)
 
-    impl = resolve_impl(impl, device)
-    attn_impl = resolve_impl(checked.attention_impl, device)
-    if checked.compile_level is not None:
-        compile_modules(tgt, tgt.decoder_layers, checked.compile_level)
+    engine = checked.settings  # resolved once, passed down (dflash2.engine.settings): nothing is set on the models
+    if engine.compile_level is not None:
+        compile_modules(tgt, tgt.decoder_layers, engine.compile_level)
         if draft is not None and not proposer_like:  # a DFlash2 draft model; its attention is ours: light only
             compile_modules(draft, draft.layers, "light")
-    if draft is not None and not proposer_like:
-        if hasattr(draft, "set_kernel_impl"):
-            draft.set_kernel_impl(impl)
-        if hasattr(draft, "set_attention_impl"):  # the draft's cached attention follows the target's kernel
-            draft.set_attention_impl(attn_impl)
     # On CUDA a K/V length that grows by one every step gives attention a new shape every step,
     # and each new shape costs the default SDPA path a new plan: at batch 8 on the H200 the eager
     # loop ran 3x faster with one fixed length (docs/PERFORMANCE.md, exact mode). Masked tail
@@ -229,7 +224,7 @@ def speculative_generate(
         return time.perf_counter()
 
     # Width of every target forward after prefill: N + 1, or the padded exact-mode block.
-    width = checked.exact_block_size if exact else n_spec + 1
+    width = engine.exact_block_size if exact else n_spec + 1
     # Slots: prompt + max_new_tokens; the last block written reaches start + W - 1 <= P + max_new - 3 + W.
     max_len = p_max + max_new_tokens + width
     if exact:
@@ -238,15 +233,15 @@ def speculative_generate(
         max_len = round_up(max_len, EXACT_KV_BUCKET)
     stops = _stop_tensor(checked.stop_token_ids, device)
     sampled = temperature > 0
-    settings = dict(n_spec=n_spec, width=width, exact=exact, sampled=sampled, top_k=top_k if sampled else 0,
-                    top_p=top_p if sampled else 1.0, n_stops=None if stops is None else stops.numel(), impl=impl,
-                    layer_ids=layer_ids)
+    settings = dict(n_spec=n_spec, width=width, sampled=sampled, top_k=top_k if sampled else 0,
+                    top_p=top_p if sampled else 1.0, n_stops=None if stops is None else stops.numel(),
+                    layer_ids=layer_ids, engine=engine)
     # The graph path with the AR baseline or a DFlash2 draft runs in a batch-bucket state kept on the
     # target for the next call (dflash2.engine.state); a custom proposer's state is its own, per call.
     state, key, batch = None, None, bsz
-    if checked.graphs and not proposer_like:
+    if engine.graphs and not proposer_like:
         batch = batch_bucket(bsz)
-        key = state_key(tgt, draft, attention=attn_impl, compile_level=checked.compile_level, **settings)
+        key = state_key(tgt, draft, **settings)
         state = kept_state(tgt, key, batch, max_len)
         max_len = round_up(max_len, LEN_BUCKET)
     if state is None:
@@ -254,21 +249,22 @@ def speculative_generate(
             proposer = draft
         else:
             # A captured step cannot synchronize, so with graphs the proposer's own phase clock never syncs.
-            proposer = DFlash2Proposer(draft, tgt, batch, max_len, impl, time.perf_counter if checked.graphs else clock)
+            proposer = DFlash2Proposer(draft, tgt, batch, max_len, engine.kernel_impl,
+                                       time.perf_counter if engine.graphs else clock,
+                                       attention_impl=engine.attention_impl)
         state = DecodeState(tgt, proposer, batch=batch, max_len=max_len, key=key, **settings)
         state.lock.acquire()
         if key is not None:
             keep_state(tgt, state)
     try:
         return _decode(state, tgt, rows, checked, max_new_tokens=max_new_tokens, temperature=temperature, stops=stops,
-                       kv_bucket=kv_bucket, clock=clock, sync=sync, attn_impl=attn_impl, pipelined=not timing)
+                       kv_bucket=kv_bucket, clock=clock, sync=sync, pipelined=not timing)
     finally:
         state.lock.release()
 
 
 def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], checked, *, max_new_tokens: int,
-            temperature: float, stops, kv_bucket: int, clock, sync: bool, attn_impl: str,
-            pipelined: bool) -> SpeculativeOutput:
+            temperature: float, stops, kv_bucket: int, clock, sync: bool, pipelined: bool) -> SpeculativeOutput:
     """Prefill, then the decoding loop on `state` (its rows 0..len(rows)-1), then the outputs."""
     device, exact, n_spec, layer_ids = tgt.device, state.exact, state.n_spec, state.layer_ids
     bsz, batch, cache = len(rows), state.batch, state.cache
@@ -276,28 +272,31 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
     p_max = max(plen_host)
     times = StepTimes(synchronized=sync)
 
-    with static_attention(tgt.model), exact_attention(exact), attention_kernel(attn_impl):
+    with static_attention(tgt.model):
         t_start = clock()
         state.load(rows, temperature, row_seeds(checked.seed, bsz, device), max_new_tokens, stops)
         plens = state.plens[:bsz]
         prompt_pos = torch.arange(p_max, device=device)[None]
         pos = prompt_pos.expand(bsz, p_max)
         if exact:
-            first_logits, prefill_features = prefill_rows(tgt, rows, cache, layer_ids, p_max)
+            first_logits, prefill_features = prefill_rows(tgt, rows, cache, layer_ids, p_max,
+                                                          state.engine.attention_impl)
         else:
             # ---- prefill of the real rows: prompts right-padded (loaded into `tokens`, zeros past
             # each prompt); padding sits at slots the rows overwrite later.
             ids = state.tokens[:bsz, :p_max]
             keep, where_kept = torch.unique(plens - 1, return_inverse=True)
             cache.prepare(pos, kv_len=p_max, rows=bsz if batch > bsz else None)
-            with eager_forward(checked.compile_level is not None):  # no compile for one prompt-length forward
-                out = tgt(ids, position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=keep)
+            with eager_forward(state.engine.compile_level is not None):  # no compile for one prompt-length forward
+                out = tgt(ids, position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=keep,
+                          **cache.attention_kwargs(state.engine.attention_impl))
             first_logits = out.logits[torch.arange(bsz, device=device), where_kept][:, None]  # [B, 1, V]
             prefill_features = out.features
         _check_valid(invalid_rows(first_logits).tolist(), "target logits", 0)
         empty_d = state.empty_d[:bsz]
         _, first = verify_block(state.target_probs_input(first_logits), empty_d, empty_d[..., None],
-                                state.empty_q[:bsz], state.temps[:bsz], state.seeds[:bsz], plens, impl=state.impl)
+                                state.empty_q[:bsz], state.temps[:bsz], state.seeds[:bsz], plens,
+                                impl=state.engine.kernel_impl)
         if batch > bsz:  # idle bucket rows: token 0, no features
             first = torch.cat([first, first.new_zeros(batch - bsz)])
             if prefill_features is not None:
@@ -309,7 +308,7 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
         # eagerly or as a captured CUDA graph (dflash2.engine.graphs) on the same state. The first
         # step reads the prompt's features; later steps read the context buffers the step before wrote.
         runner = None
-        if checked.graphs:
+        if state.engine.graphs:
             if state.runner is None:
                 state.runner = StepGraphs(state.step, device)
             runner = state.runner
@@ -375,7 +374,7 @@ def _run_steps(state: DecodeState, runner, times: StepTimes, plen_host: list[int
                 times.replayed.append(runner.step(min(round_up(kv_need, GRAPH_KV_BUCKET), state.max_len)))
             else:
                 kv_len = round_up(kv_need, kv_bucket) if kv_bucket else kv_need  # a new shape every bucket only
-                t0s.append(state.step(min(kv_len, state.max_len), record=times, clock=clock))
+                t0s.append(state.step(kv_len, record=times, clock=clock))  # (the cache caps it at its slots)
                 if runner is not None:
                     times.replayed.append(False)
             reports.post(launched)

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from dflash2.engine.compiled import COMPILE_LEVELS
-from dflash2.kernels.dispatch import IMPLS
+from dflash2.engine.settings import EngineSettings
+from dflash2.kernels.dispatch import IMPLS, resolve_impl
 from dflash2.target import TargetModel, as_target
 
 
@@ -36,8 +37,9 @@ class GenerateInputError(ValueError):
 class GenerateInputs:
     """Checked arguments: `rows` are 1-D int64 CPU prompts; `stop_token_ids` is None or a
     non-empty list of ints; `num_speculative_tokens` is resolved (0 = AR, draft dropped);
-    `seed` is None, an int, or one int per row; `exact_block_size` is the exact-mode padded
-    width (resolved even when exact mode is off)."""
+    `seed` is None, an int, or one int per row; `settings` holds the kernels resolved for the
+    target's device, exact mode with its padded width (resolved even when exact mode is off),
+    the compile level and whether graphs replay (`dflash2.engine.settings`)."""
 
     target: TargetModel
     draft: object | None
@@ -45,10 +47,7 @@ class GenerateInputs:
     num_speculative_tokens: int
     stop_token_ids: list[int] | None
     seed: int | list[int] | None
-    exact_block_size: int = 16
-    graphs: bool = False
-    compile_level: str | None = None
-    attention_impl: str = "auto"
+    settings: EngineSettings
 
 
 def _graphs_arg(graphs, tgt: TargetModel, draft, exact: bool) -> bool:
@@ -247,7 +246,8 @@ def check_generate_inputs(
         GenerateInputError (a `ValueError`): the first bad argument, with its value and the fix.
         DFlash2ConfigError: the draft does not fit the target (`TargetModel.check_compatible`).
     Returns:
-        `GenerateInputs` (prompts as 1-D int64 CPU tensors, N resolved, stop ids as a list).
+        `GenerateInputs` (prompts as 1-D int64 CPU tensors, N resolved, stop ids as a list, the
+        call's `EngineSettings`).
     """
     if not isinstance(target, TargetModel) and not (
             isinstance(target, torch.nn.Module) and hasattr(target, "get_output_embeddings")):
@@ -315,5 +315,7 @@ def check_generate_inputs(
               "the stock ones, and exact mode pins the stock kernels)", "drop one of the two")
     if attention_impl not in IMPLS:
         _fail("attention_impl", f"is {attention_impl!r}", f"use one of {IMPLS}")
-    return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, exact_block_size, use_graphs, compile_level,
-                          attention_impl)
+    settings = EngineSettings(kernel_impl=resolve_impl(impl, tgt.device),
+                              attention_impl=resolve_impl(attention_impl, tgt.device), exact=exact,
+                              exact_block_size=exact_block_size, compile_level=compile_level, graphs=use_graphs)
+    return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, settings)

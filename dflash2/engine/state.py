@@ -32,6 +32,7 @@ import torch
 from dflash2.engine.cache import StaticTargetCache
 from dflash2.engine.draft import DraftStep, Proposal
 from dflash2.engine.reports import REPORT_ROWS, StepReports
+from dflash2.engine.settings import EngineSettings
 from dflash2.engine.sampling import filter_logits, invalid_rows
 from dflash2.kernels.verify import verify_block
 from dflash2.target import TargetModel
@@ -98,7 +99,7 @@ def keep_state(tgt: TargetModel, state: "DecodeState") -> None:
 
 
 def prefill_rows(tgt: TargetModel, rows: list[torch.Tensor], cache: StaticTargetCache, layer_ids: list[int],
-                 p_max: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 p_max: int, kernel: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Exact-mode prefill: each prompt alone (a batch of one at its own length, written into
     row b's slots of `cache`), so prefill shapes never depend on the other rows.
 
@@ -111,7 +112,8 @@ def prefill_rows(tgt: TargetModel, rows: list[torch.Tensor], cache: StaticTarget
         n = r.numel()
         pos = torch.arange(n, device=device)[None]
         cache.prepare(pos, kv_len=n, row=b)
-        out = tgt(r.to(device)[None], position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=1)
+        out = tgt(r.to(device)[None], position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=1,
+                  **cache.attention_kwargs(kernel, exact=True))
         logits.append(out.logits[:, -1:])
         if out.features is not None:
             feats.append(torch.nn.functional.pad(out.features, (0, 0, 0, p_max - n)))
@@ -119,7 +121,7 @@ def prefill_rows(tgt: TargetModel, rows: list[torch.Tensor], cache: StaticTarget
 
 
 def forward_rows(tgt: TargetModel, block: torch.Tensor, pos: torch.Tensor, cache: StaticTargetCache,
-                 layer_ids: list[int], kv_len: int):
+                 layer_ids: list[int], kv_len: int, kernel: str):
     """Exact-mode block forward: one forward per row, each with the shapes of a batch of one.
 
     GEMM kernels may pick other algorithms (other reduction orders) for another number of rows
@@ -132,7 +134,8 @@ def forward_rows(tgt: TargetModel, block: torch.Tensor, pos: torch.Tensor, cache
     logits, feats = [], []
     for b in range(block.shape[0]):
         cache.prepare(pos[b:b + 1], kv_len=kv_len, row=b)
-        out = tgt(block[b:b + 1], position_ids=pos[b:b + 1], past_key_values=cache, layer_ids=layer_ids)
+        out = tgt(block[b:b + 1], position_ids=pos[b:b + 1], past_key_values=cache, layer_ids=layer_ids,
+                  **cache.attention_kwargs(kernel, exact=True))
         logits.append(out.logits)
         if out.features is not None:
             feats.append(out.features)
@@ -148,20 +151,21 @@ class DecodeState:
         batch, max_len: rows and slots per row (`tokens` has one more column, the trash column
             that absorbs masked writes).
         n_spec: N. width: the target forward's block width (N + 1, or exact mode's padded block).
-        exact: exact mode (row-by-row target forwards over the whole buffer).
         sampled, top_k, top_p: the target-side sampling rule (T > 0) and its filters.
         n_stops: number of stop tokens (None: no stop tokens).
-        impl: resolved kernel implementation. layer_ids: target layers whose features the draft reads.
+        layer_ids: target layers whose features the draft reads.
+        engine: the call's `EngineSettings` (kernels, exact mode: row-by-row target forwards over
+            the whole buffer, compile level, graphs); a kept state serves only calls with equal ones.
         key: the reuse key (`state_key`), or None for a state of one call.
     """
 
     def __init__(self, tgt: TargetModel, proposer, *, batch: int, max_len: int, n_spec: int, width: int,
-                 exact: bool, sampled: bool, top_k: int, top_p: float, n_stops: int | None, impl: str,
-                 layer_ids: list[int], key: tuple | None = None):
+                 sampled: bool, top_k: int, top_p: float, n_stops: int | None, layer_ids: list[int],
+                 engine: EngineSettings, key: tuple | None = None):
         device = tgt.device
-        self.tgt, self.proposer, self.key = tgt, proposer, key
-        self.batch, self.max_len, self.n_spec, self.width, self.exact = batch, max_len, n_spec, width, exact
-        self.sampled, self.top_k, self.top_p, self.impl, self.layer_ids = sampled, top_k, top_p, impl, layer_ids
+        self.tgt, self.proposer, self.key, self.engine = tgt, proposer, key, engine
+        self.batch, self.max_len, self.n_spec, self.width, self.exact = batch, max_len, n_spec, width, engine.exact
+        self.sampled, self.top_k, self.top_p, self.layer_ids = sampled, top_k, top_p, layer_ids
         self.lock = threading.Lock()
         self.runner = None  # the StepGraphs of this state (graph path), kept with it
         self.trash = max_len  # the column of `tokens` that absorbs masked writes
@@ -265,17 +269,19 @@ class DecodeState:
         block = torch.cat([anchor[:, None], d, self.pad], dim=1)  # [B, W]
         pos_w = start[:, None] + self.arange_w
         if self.exact:
-            all_logits, feats = forward_rows(tgt, block, pos_w, self.cache, self.layer_ids, self.max_len)
+            all_logits, feats = forward_rows(tgt, block, pos_w, self.cache, self.layer_ids, self.max_len,
+                                             self.engine.attention_impl)
         else:
             self.cache.prepare(pos_w, kv_len=kv_len)
-            out = tgt(block, position_ids=pos_w, past_key_values=self.cache, layer_ids=self.layer_ids)
+            out = tgt(block, position_ids=pos_w, past_key_values=self.cache, layer_ids=self.layer_ids,
+                      **self.cache.attention_kwargs(self.engine.attention_impl))
             all_logits, feats = out.logits, out.features
         logits = all_logits[:, : n_spec + 1]  # [B, 1+N, V]
         bad = invalid_rows(logits)
         if prop is not None and prop.invalid is not None:
             bad = bad | prop.invalid
         acc, nxt = verify_block(self.target_probs_input(logits), d, cand, q, self.temps, self.seeds, start + 1,
-                                impl=self.impl)
+                                impl=self.engine.kernel_impl)
         # ---- commit d_1..d_acc then nxt, truncated by the budget and the first stop token
         acc = torch.where(active, acc, 0)
         new = torch.cat([d, torch.zeros_like(nxt)[:, None]], dim=1).scatter(1, acc[:, None], nxt[:, None])

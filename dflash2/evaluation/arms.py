@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from dflash2.engine.draft import DFlash2Proposer, DraftStep, Proposal
 from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer
+from dflash2.kernels.dispatch import resolve_impl
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,15 @@ class SelectorOffProposer:
         draft: a `DFlash2DraftModel`.
         target: the `TargetModel`.
         impl: resolved kernel implementation ("torch" | "triton").
+        attention_impl: the draft's cached attention, `"auto"` (the engine's default: Triton on
+            CUDA) | `"torch"` | `"triton"`, resolved here once.
     """
 
     graph_safe = True  # device work only; the inner proposer is built at step 1, which always runs eagerly
 
-    def __init__(self, draft, target, impl: str):
+    def __init__(self, draft, target, impl: str, attention_impl: str = "auto"):
         self.draft, self.target, self.impl = draft, target, impl
+        self.attention_impl = resolve_impl(attention_impl, target.device)
         self.block_size = int(draft.block_size)
         self.target_layer_ids = list(draft.config.target_layer_ids)
         self._inner: DFlash2Proposer | None = None
@@ -73,9 +77,9 @@ class SelectorOffProposer:
     def propose(self, step: DraftStep) -> Proposal:
         if self._inner is None:
             batch, width = step.tokens.shape  # width = engine max_len + 1 (a trash column)
-            self._inner = DFlash2Proposer(self.draft, self.target, batch, width - 1, self.impl)
             # What DFlash2Proposer does for a v1 checkpoint: argmax per slot, k = 1.
-            self._inner.selector, self._inner.top_k = None, 1
+            self._inner = DFlash2Proposer(self.draft, self.target, batch, width - 1, self.impl,
+                                          attention_impl=self.attention_impl, use_selector=False)
         return self._inner.propose(step)
 
 

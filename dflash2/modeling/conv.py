@@ -63,11 +63,18 @@ class GroupedDynamicConv(nn.Module):
         """Dynamic kernel offsets from the normed sublayer input: [B, T, H] -> [B, T, 2*K*G]."""
         return self.kernel_projection(u)
 
-    def forward(self, z: torch.Tensor, proj: torch.Tensor, side: int, block_len: int) -> torch.Tensor:
-        """Apply side 0 (prepare) or 1 (finish) to `z [B, T, H]`; returns `[B, T, H]`."""
-        if self._resolved is None:
-            self._resolved = resolve_impl(self._impl, self.base_kernel.device)
-        impl = self._resolved
+    def forward(self, z: torch.Tensor, proj: torch.Tensor, side: int, block_len: int,
+                impl: str | None = None) -> torch.Tensor:
+        """Apply side 0 (prepare) or 1 (finish) to `z [B, T, H]`; returns `[B, T, H]`.
+
+        `impl`: this call's implementation, resolved (`"torch"` or `"triton"`, as the engine's
+        settings pass it); None = the module's own `impl`, resolved once."""
+        if impl is None:
+            if self._resolved is None:
+                self._resolved = resolve_impl(self._impl, self.base_kernel.device)
+            impl = self._resolved
+        elif impl not in ("torch", "triton"):
+            raise ValueError(f"conv impl for a call must be a resolved 'torch' or 'triton', got {impl!r}")
         # Inputs choose the path (STYLE 5): anything that needs autograd runs the reference.
         if torch.is_grad_enabled() and (z.requires_grad or proj.requires_grad or self.base_kernel.requires_grad):
             impl = "torch"

@@ -153,22 +153,22 @@ class DraftDecoderLayer(nn.Module):
         else:
             self.attention_conv = self.mlp_conv = None
 
-    def forward(self, x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len):
+    def forward(self, x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len, conv_impl=None):
         u = self.input_layernorm(x)
         if self.attention_conv is not None:
             d = self.attention_conv.project(u)                    # [B, q, 2*K*G] from the input
-            u = self.attention_conv(u, d, 0, block_len)
+            u = self.attention_conv(u, d, 0, block_len, impl=conv_impl)
         y = self.self_attn(u, ctx, rope_blk, rope_ctx, mask, cache, self.layer_idx, slots)
         if self.attention_conv is not None:
-            y = self.attention_conv(y, d, 1, block_len)
+            y = self.attention_conv(y, d, 1, block_len, impl=conv_impl)
         x = x + y
         u = self.post_attention_layernorm(x)
         if self.mlp_conv is not None:
             d = self.mlp_conv.project(u)
-            u = self.mlp_conv(u, d, 0, block_len)
+            u = self.mlp_conv(u, d, 0, block_len, impl=conv_impl)
         y = self.mlp(u)
         if self.mlp_conv is not None:
-            y = self.mlp_conv(y, d, 1, block_len)
+            y = self.mlp_conv(y, d, 1, block_len, impl=conv_impl)
         return x + y
 
 
@@ -231,20 +231,6 @@ class DFlash2DraftModel(PreTrainedModel):
     def block_size(self) -> int:
         return self.config.dflash_block_size
 
-    def set_attention_impl(self, impl: str) -> None:
-        """The cached (inference) attention's kernel, resolved `"torch"` (SDPA with a mask) or
-        `"triton"` (`dflash2.kernels.row_attention`, where its limits allow); training is unaffected."""
-        if impl not in ("torch", "triton"):
-            raise ValueError(f"attention impl must be a resolved 'torch' or 'triton', got {impl!r}")
-        self._attention_impl = impl
-
-    def set_kernel_impl(self, impl: str) -> None:
-        """Choose `auto | torch | triton` for the conv kernels of every layer."""
-        for layer in self.layers:
-            for conv in (layer.attention_conv, layer.mlp_conv):
-                if conv is not None:
-                    conv.impl = impl
-
     def new_cache(self, batch_size: int, max_len: int) -> DraftContextCache:
         return DraftContextCache.for_model(self, batch_size, max_len)
 
@@ -276,7 +262,8 @@ class DFlash2DraftModel(PreTrainedModel):
         built = {rule: build(*rule) for rule in dict.fromkeys(rules)}
         return [built[rule] for rule in rules]
 
-    def _cached_visibility(self, pos_blk: torch.Tensor, first_blk: torch.Tensor, slots: int) -> list[torch.Tensor]:
+    def _cached_visibility(self, pos_blk: torch.Tensor, first_blk: torch.Tensor, slots: int,
+                           attention_impl: str) -> list[torch.Tensor]:
         """Per layer, what the cached attention may see, with the block at cache slots
         `first_blk + i`: a bool mask `[B, 1, q, slots]` (`_rule_mask`), or (Triton kernel, a full or
         causal layer without a window) the last visible slot of each query `[B, q]`.
@@ -287,7 +274,7 @@ class DFlash2DraftModel(PreTrainedModel):
         dev = pos_blk.device
         cfg = self.config
         # (On CPU the kernel runs only under the Triton interpreter, in tests.)
-        kernel = (getattr(self, "_attention_impl", "torch") == "triton"
+        kernel = (attention_impl == "triton"
                   and (dev.type == "cuda" or triton_interpreter_enabled())
                   and kernel_fits(cfg.num_attention_heads, cfg.num_key_value_heads, q, cfg.head_dim))
         blk = torch.arange(q, device=dev)
@@ -330,6 +317,8 @@ class DFlash2DraftModel(PreTrainedModel):
         context_lengths: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         block_len: int | None = None,
+        kernel_impl: str | None = None,
+        attention_impl: str = "torch",
     ) -> torch.Tensor:
         """Draft one block (or, in training, many packed blocks).
 
@@ -345,6 +334,11 @@ class DFlash2DraftModel(PreTrainedModel):
                 FlexAttention `BlockMask` over the same grid (training layouts with many blocks);
                 without a cache only. Either replaces every layer's own causal/window rule.
             block_len: conv block length; default `q` (one block).
+            kernel_impl: the conv kernels' implementation for this call, resolved (`"torch"` or
+                `"triton"`); None = each conv's own `impl`.
+            attention_impl: the cached (inference) attention's kernel, resolved: `"torch"` (SDPA
+                with a mask) or `"triton"` (`dflash2.kernels.row_attention`, where its limits
+                allow); cache-free (training) forwards ignore it.
         Returns:
             `[B, q, H]` final-normed hidden states of the block positions.
         """
@@ -359,6 +353,8 @@ class DFlash2DraftModel(PreTrainedModel):
         pos_blk = position_ids[:, c:]
 
         cache, slots = past_key_values, None
+        if attention_impl not in ("torch", "triton"):
+            raise ValueError(f"attention_impl must be a resolved 'torch' or 'triton', got {attention_impl!r}")
         if cache is not None:
             if attention_mask is not None:
                 raise ValueError("attention_mask is for cache-free (training) forwards")
@@ -367,7 +363,7 @@ class DFlash2DraftModel(PreTrainedModel):
             first_blk = cache.lengths + counts  # [B] the block's slots follow the row's valid context
             cache.check_capacity(c, first_blk + q)
             slots = (cache.slots_for(c), first_blk[:, None] + torch.arange(q, device=pos_blk.device))
-            masks = self._cached_visibility(pos_blk, first_blk, cache.max_len)
+            masks = self._cached_visibility(pos_blk, first_blk, cache.max_len, attention_impl)
         else:
             valid_k = torch.ones(B, c + q, dtype=torch.bool, device=pos_blk.device)
             masks = self._masks(pos_blk, position_ids, valid_k, q, attention_mask)
@@ -379,10 +375,10 @@ class DFlash2DraftModel(PreTrainedModel):
             if ckpt:
                 from torch.utils.checkpoint import checkpoint
 
-                x = checkpoint(layer, x, ctx, rope_blk, rope_ctx, mask, None, None, block_len or q,
+                x = checkpoint(layer, x, ctx, rope_blk, rope_ctx, mask, None, None, block_len or q, kernel_impl,
                                use_reentrant=False)
             else:
-                x = layer(x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len or q)
+                x = layer(x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len or q, kernel_impl)
         if cache is not None:
             cache.advance(counts)
         return self.norm(x)

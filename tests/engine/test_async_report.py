@@ -27,7 +27,7 @@ from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
 from tests.engine.test_graph_step import ReplayByRunning
 
 VOCAB = 300
-NEW = 30
+NEW = 24
 
 
 class DeferredDevice:
@@ -67,7 +67,7 @@ class DeferredDevice:
 
 @pytest.fixture(scope="module")
 def models():
-    target = tiny_qwen3(vocab=VOCAB, hidden=64, layers=4, seed=0).float()
+    target = tiny_qwen3(vocab=VOCAB, hidden=64, layers=3, seed=0).float()
     draft = randomize_(DFlash2DraftModel(tiny_draft_config(vocab=VOCAB, block_size=8)), seed=1, std=0.05).eval()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, VOCAB - 1, (n,), generator=g) for n in (5, 19, 11)]
@@ -89,13 +89,24 @@ def _drafter(kind, draft, prompts, ar):
     return DeviceOracleProposer(refs, [1, 2, 3], block_size=8, accept_prob=0.8, vocab_size=VOCAB, device="cpu")
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("kind", ["ar", "dflash2", "oracle"])
+_AR: dict = {}
+
+
+def _ar(target, prompts, temperature):
+    if temperature not in _AR:
+        _AR[temperature] = speculative_generate(target, None, prompts, max_new_tokens=NEW, temperature=temperature,
+                                                seed=[1, 2, 3])
+    return _AR[temperature]
+
+
+# Each proposer greedy and sampled, each on one of the two paths (eager loop / graph path).
+@pytest.mark.parametrize("kind, temperature, graphs", [
+    ("ar", 0.0, False), ("ar", 1.0, True), ("dflash2", 0.0, True), ("dflash2", 1.0, False),
+    ("oracle", 0.0, False), ("oracle", 1.0, True)])
 def test_pipelined_loop_equals_the_synchronous_loop_on_a_deferred_device(models, monkeypatch, kind, temperature,
                                                                          graphs):
     target, draft, prompts = models
-    ar = speculative_generate(target, None, prompts, max_new_tokens=NEW, temperature=temperature, seed=[1, 2, 3])
+    ar = _ar(target, prompts, temperature)
     stop = int(ar.generated[0][6])  # row 0 stops early, the others run to the budget or their own stop
     drafter = _drafter(kind, draft, prompts, ar)
     n = 5 if drafter is not None else 0
@@ -121,7 +132,7 @@ def test_pipelined_loop_equals_the_synchronous_loop_on_a_deferred_device(models,
     else:
         # Blocking waits only at the tail, where the last rows are expected to reach their budget
         # (a host that read every step's report right away would block at every step).
-        assert len(steps) >= 8 and len(blocking) <= 2 and all(k >= len(steps) - 2 for k in blocking)
+        assert len(steps) >= 6 and len(blocking) <= 2 and all(k >= len(steps) - 2 for k in blocking)
 
 
 def test_a_step_on_finished_rows_changes_nothing(models, monkeypatch):

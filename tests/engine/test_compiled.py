@@ -7,16 +7,13 @@ run). The GPU runs Inductor: `tests/gpu/test_compiled.py`.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 from dflash2.engine import speculative_generate
-from dflash2.engine.cache import _mask_cache, _visible
 from dflash2.engine.compiled import COMPILED_FLAG, _light_parts, compile_modules
 from dflash2.engine.inputs import GenerateInputError
-from dflash2.target import TargetModel
+from dflash2.target import TargetModel, as_target
 from tests.conftest import tiny_llama, tiny_qwen3
 from tests.engine.helpers import random_draft
 
@@ -94,25 +91,30 @@ def test_compile_levels_are_checked():
         speculative_generate(target, None, PROMPTS, max_new_tokens=2, compile_level="light", exact=True)
 
 
-def test_visible_mask_is_cached_per_forward_and_rebuilt_after_in_place_changes():
-    pos = torch.tensor([[3, 4], [0, 1]])
-    first = _visible(pos, 2, 2, 6, None, torch.device("cpu"))
-    expect = torch.arange(6)[None, None, :] <= pos[:, :, None]
-    assert torch.equal(first, expect)
-    assert _visible(pos, 2, 2, 6, None, torch.device("cpu")) is first  # the other layers of the forward
-    windowed = _visible(pos, 2, 2, 6, 2, torch.device("cpu"))
-    assert torch.equal(windowed, expect & (torch.arange(6)[None, None, :] > pos[:, :, None] - 2))
-    assert _visible(pos, 2, 2, 6, None, torch.device("cpu")) is first  # both windows kept
-    pos.add_(1)  # same tensor object, new values (a new version): the cached mask must not be reused
-    again = _visible(pos, 2, 2, 6, None, torch.device("cpu"))
-    assert torch.equal(again, torch.arange(6)[None, None, :] <= pos[:, :, None])
-    assert _visible(pos, 2, 2, 7, None, torch.device("cpu")).shape == (2, 2, 7)  # another K/V length
-    assert _mask_cache()["positions"] is pos
-    seen = []
-    thread = threading.Thread(target=lambda: seen.append(_mask_cache()["key"]))
-    thread.start()
-    thread.join()
-    assert seen == [None]  # another thread starts with an empty cache
+def test_attention_masks_are_built_once_per_forward_by_the_cache(monkeypatch):
+    """`StaticTargetCache.attention_kwargs`: the mask path gets one mask per window for all layers
+    of a forward (not one per layer), the Triton path for a block none; the attention uses them."""
+    from dflash2.engine import cache as cache_mod
+    from tests.engine.helpers import qwen3_target
+
+    model = qwen3_target(vocab=V, sliding=True)  # layer 0 full, layers 1..3 a 6-token window
+    cache = cache_mod.StaticTargetCache(model.config, 2, 16, model.dtype, "cpu")
+    assert cache.windows == [cache_mod.FULL_WINDOW, 6]
+    built = []
+    real = cache_mod.visible_mask
+    monkeypatch.setattr(cache_mod, "visible_mask", lambda *a: built.append(a[-1]) or real(*a))
+    pos = torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]])
+    cache.prepare(pos, kv_len=8)
+    kw = cache.attention_kwargs("torch")
+    assert built == [None, 6] and kw["dfl2_kernel"] == "torch" and not kw["dfl2_exact"]
+    expect = torch.arange(8)[None, None, :] <= pos[:, :, None]
+    assert torch.equal(kw["dfl2_masks"][cache_mod.FULL_WINDOW], expect)
+    assert torch.equal(kw["dfl2_masks"][6], expect & (torch.arange(8)[None, None, :] > pos[:, :, None] - 6))
+    with torch.no_grad(), cache_mod.static_attention(model):
+        as_target(model)(pos, position_ids=pos, past_key_values=cache, **kw)
+    assert built == [None, 6]  # the four layers read the prebuilt masks
+    cache.prepare(pos[:, :1], kv_len=8)
+    assert cache.attention_kwargs("triton") == {"dfl2_kernel": "triton", "dfl2_exact": False}  # a block: no mask
 
 
 def test_draft_head_reads_contiguous_rows():

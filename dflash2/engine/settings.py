@@ -1,0 +1,44 @@
+"""How one `speculative_generate` call runs, resolved once and passed down explicitly.
+
+`EngineSettings` is built by the input checks (`dflash2.engine.inputs.check_generate_inputs`)
+from the call's arguments and the target's device, frozen, and handed to everything that depends
+on it: the decoding state (`dflash2.engine.state.DecodeState`), the draft's proposer
+(`dflash2.engine.draft.DFlash2Proposer`, which passes the kernels to the draft's forward) and
+the target's attention (through the forward's attention kwargs, `StaticTargetCache.attention_kwargs`).
+Nothing is stored on the models, in context variables or in thread-locals, so two calls with
+different settings, in one thread after the other or in two threads at once, cannot see each
+other's choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RESOLVED_IMPLS = ("torch", "triton")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Resolved settings of one call.
+
+    Attributes:
+        kernel_impl: `"torch" | "triton"`: verify, vocabulary top-k, selector walk, the draft's conv.
+        attention_impl: `"torch" | "triton"`: the target's attention over its static cache and the
+            draft's cached attention (`dflash2.kernels.row_attention`); exact mode keeps its own kernel.
+        exact: exact mode (`dflash2.engine.generate`).
+        exact_block_size: the padded width of every exact-mode target forward.
+        compile_level: None, `"light"` or `"full"` (`dflash2.engine.compiled`).
+        graphs: the steady-state step replays CUDA graphs (`dflash2.engine.graphs`).
+    """
+
+    kernel_impl: str
+    attention_impl: str
+    exact: bool = False
+    exact_block_size: int = 16
+    compile_level: str | None = None
+    graphs: bool = False
+
+    def __post_init__(self):
+        for name in ("kernel_impl", "attention_impl"):
+            if getattr(self, name) not in RESOLVED_IMPLS:
+                raise ValueError(f"{name} must be resolved to one of {RESOLVED_IMPLS}, got {getattr(self, name)!r}")
