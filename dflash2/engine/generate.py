@@ -169,7 +169,8 @@ def speculative_generate(
             for bit in any dtype, and each row equals the same prompt run alone. Compare an exact
             run with an exact AR run of the same `exact_block_size`.
         exact_block_size: padded width of every target forward in exact mode (default: the
-            draft's `block_size`, 16 without a draft); must exceed N.
+            draft's `block_size`); must exceed N. Required in exact mode without a draft (or
+            with a proposer that has no `block_size`): runs compare bit for bit only at one width.
         graphs: replay the steady-state step from CUDA graphs (`dflash2.engine.graphs`). None
             (default) = on for a CUDA target outside exact mode whose proposer can be captured
             (the DFlash2 draft, the AR baseline, or a proposer with `graph_safe = True`); False =

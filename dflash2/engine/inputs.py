@@ -272,10 +272,16 @@ def check_generate_inputs(
         _fail("timing", f"is {timing!r}", "pass True or False")
     if not isinstance(exact, bool):
         _fail("exact", f"is {exact!r}", "pass True or False")
-    # Exact mode pads every forward to one width; the AR reference (no draft) must use the width
-    # of the speculative runs it is compared with, hence the draft's block_size by default.
+    # Exact mode pads every forward to one width, and only runs of the same width are bit-identical:
+    # the AR reference (no draft) must be given the width of the speculative runs it is compared
+    # with, so a run without a drafter's block_size has no default in exact mode.
     if exact_block_size is None:
-        exact_block_size = int(getattr(draft, "block_size", 16)) if draft is not None else 16
+        width = getattr(draft, "block_size", None) if draft is not None else None
+        if exact and width is None:
+            _fail("exact_block_size", "is not given and there is no draft whose block_size could set it",
+                  "pass exact_block_size=W, the padded width of the speculative runs this one is compared "
+                  "with (their draft's block_size); runs of different widths are not bit-identical")
+        exact_block_size = int(width) if width is not None else 16
     exact_block_size = _int_arg("exact_block_size", exact_block_size, 1, hint=" (the padded width of every "
                                 "exact-mode target forward; use the speculative runs' block_size)")
 

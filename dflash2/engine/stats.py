@@ -106,8 +106,9 @@ class StepTimes:
     `draft`: noise embedding + draft forward; `select`: target-head logits of the draft
     slots + vocabulary top-k + selector walk; `verify`: target forward over the block +
     logit filtering + acceptance + commit. Device work is synchronized before each reading
-    only when the engine runs with `timing=True`; otherwise the readings on an asynchronous
-    device are launch times, not execution times.
+    only when the engine runs with `timing=True`. Otherwise, on the pipelined graph path,
+    `verify` holds the wall time between two step reports arriving (one extra step on finished
+    rows may be among them), and on other asynchronous paths the readings are launch times.
     """
 
     prefill: float = 0.0

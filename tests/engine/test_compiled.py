@@ -88,7 +88,8 @@ def test_compile_levels_are_checked():
     with pytest.raises(GenerateInputError, match="compile_level"):
         speculative_generate(target, None, PROMPTS, max_new_tokens=2, compile_level="fast")
     with pytest.raises(GenerateInputError, match="exact=True"):
-        speculative_generate(target, None, PROMPTS, max_new_tokens=2, compile_level="light", exact=True)
+        speculative_generate(target, None, PROMPTS, max_new_tokens=2, compile_level="light", exact=True,
+                             exact_block_size=4)
 
 
 def test_attention_masks_are_built_once_per_forward_by_the_cache(monkeypatch):

@@ -104,6 +104,18 @@ def test_exact_block_size_must_hold_the_verify_block():
         speculative_generate(target, None, [prompts()[0]], max_new_tokens=4, exact="yes")
 
 
+def test_exact_ar_without_a_width_is_refused_not_defaulted():
+    """An exact AR run is bit-identical only to speculative runs of its padded width, which it
+    cannot know without a draft: no silent default."""
+    target = qwen3_target()
+    with pytest.raises(GenerateInputError, match="exact_block_size: is not given.*pass exact_block_size=W"):
+        speculative_generate(target, None, [prompts()[0]], max_new_tokens=4, exact=True)
+    # Outside exact mode the width is unused, and a draft's block_size is its default in exact mode.
+    speculative_generate(target, None, [prompts()[0]], max_new_tokens=2)
+    speculative_generate(target, random_draft(block_size=BLOCK), [prompts()[0]], max_new_tokens=2,
+                         num_speculative_tokens=3, exact=True)
+
+
 def test_bucketed_kv_length_changes_no_token(monkeypatch):
     """Normal mode rounds attention's K/V length up to a bucket on CUDA; the masked tail must
     change nothing. Forced on CPU here (fp64): same tokens with and without the bucket."""
