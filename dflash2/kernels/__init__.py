@@ -9,7 +9,10 @@ its launcher and the dispatch on an already-resolved ``impl``):
 - ``selector.transition_scores`` / ``selector.selector_walk``: candidate-selector edges and walk;
 - ``verify.verify_block``: greedy prefix match and sparse-q speculative sampling;
 - ``row_attention.row_attention``: the engine's per-row masked GQA attention over its static
-  cache, split over the keys (the engine's default on CUDA; the reference is SDPA with a mask).
+  cache, split over the keys (the engine's default on CUDA; the reference is SDPA with a mask);
+- ``linear.small_m_linear``: a weight-streaming linear for M <= 32 rows (row-invariant, fixed-order
+  split-K; reference ``F.linear``), and ``linear.SmallMLinearMode``, which routes stock
+  ``nn.Linear`` calls through it.
 
 ``dispatch.resolve_impl`` turns ``"auto" | "torch" | "triton"`` into ``"torch" | "triton"`` once;
 ``keyed_random`` is the counter-based RNG shared by references and kernels; ``python -m
