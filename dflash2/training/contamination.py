@@ -21,12 +21,13 @@ code defines, and are left to the prompt match.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import string
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from dflash2.jsonl import read_jsonl
 
 # Words used to key an evaluation prompt in the containment index. Eight words make a key
 # that ordinary prose or code rarely repeats; shorter evaluation prompts match only exactly.
@@ -145,10 +146,8 @@ def _gsm8k_test_questions() -> Iterable[tuple[str, str]]:
     except FileNotFoundError:
         path = None
     if path is not None and path.is_file():
-        with open(path) as f:
-            for i, line in enumerate(f):
-                if line.strip():
-                    yield json.loads(line)["question"], f"gsm8k-test/{i}"
+        for i, row in enumerate(read_jsonl(path)):
+            yield row["question"], f"gsm8k-test/{i}"
         return
     import os
 
@@ -172,13 +171,9 @@ def _humaneval_prompts() -> Iterable[tuple[str, str]]:
 def _mt_bench_turns() -> Iterable[tuple[str, str]]:
     from dflash2.assets import shared_data_dir
 
-    path = shared_data_dir() / "mt_bench" / "question.jsonl"
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                q = json.loads(line)
-                for t, turn in enumerate(q["turns"], 1):
-                    yield turn, f"mt_bench/{q['question_id']}/turn{t}"
+    for q in read_jsonl(shared_data_dir() / "mt_bench" / "question.jsonl"):
+        for t, turn in enumerate(q["turns"], 1):
+            yield turn, f"mt_bench/{q['question_id']}/turn{t}"
 
 
 @functools.lru_cache(maxsize=1)
