@@ -1,8 +1,8 @@
-"""Small-M linear: `F.linear` for at most 32 rows, reading the weights once at copy bandwidth.
+"""Small-M linear: `F.linear` for at most 32 rows, streaming the weights once.
 
 At decode and verify sizes (M = 1..32 rows of a Qwen3-8B-shaped target) a linear layer is a
-read of its weight matrix, which cuBLAS does well below the copy bandwidth (issue 21 item 3;
-`python -m benchmarks.linear` measures both). The Triton kernel (`triton_kernels.py`)
+read of its weight matrix (`python -m benchmarks.linear` times this kernel and cuBLAS against
+the copy bandwidth; docs/PERFORMANCE.md has the figures). The Triton kernel (`triton_kernels.py`)
 streams `weight [N, K]` in `[block_n, block_k]` tiles with all rows' partial sums in registers
 and an optional split over K whose partials the last split to finish sums in a fixed order
 (one launch).
@@ -10,8 +10,8 @@ and an optional split over K whose partials the last split to finish sums in a f
 Guarantees of the Triton path:
 - **Row invariance.** The tiling (`LinearConfig`) is chosen from `(N, K, dtype, SM count)`,
   never from the number of rows, and rows do not interact, so row i of the output is
-  bit-identical whether `x` holds that row alone or with up to 31 others (issue 22 item 3's
-  batch-invariant linear).
+  bit-identical whether `x` holds that row alone or with up to 31 others (a batch-invariant
+  linear, as exact mode needs).
 - **Deterministic.** The same inputs give the same bits on every call: with a split, an
   atomic ticket only decides which program adds the partials, never the order they are added in.
 - **Accuracy.** fp32 accumulation, one rounding to `x`'s dtype at the end (bias added in
