@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from dflash2.engine.stats import conditional_acceptance, per_position_acceptance, tau_pooled
-from dflash2.evaluation.records import dedupe
+from dflash2.evaluation.records import arm_family, dedupe
 from dflash2.jsonl import to_jsonable
 
 TERMS = ("overhead", "draft", "per_token", "kv", "attention")
@@ -509,7 +509,8 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
     # One step-cost model per arm kind (an oracle step has no draft forward, a dflash2 step has
     # one), each fitted on the AR arm plus that kind's calibration arms; it needs two N values.
     for kind in sorted({k for k, _ in info.values()} - {"ar"}):
-        fam = f"{kind}|T={t:g}"
+        # Keyed by the arms' own family name ("dflash2", "selector_off", "oracle"), not the kind.
+        fam = f"{arm_family(next(a for a in info if info[a][0] == kind))}|T={t:g}"
         arms = [a for a in step_c if info[a][0] == kind]
         cal_n = sorted({info[a][1] for a in arms})
         if len(cal_n) < 2:

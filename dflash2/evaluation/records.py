@@ -18,13 +18,14 @@ Rules:
   files); across files concatenated by hand, the later line is the newer measurement, which is
   the one a resumed or repeated run means to keep.
 
-Public: `Record`, `FIELDS`, `REQUIRED`, `ARM_KINDS`, `RECORDS`, `record_key`, `dedupe`,
+Public: `Record`, `FIELDS`, `REQUIRED`, `ARM_KINDS`, `RECORDS`, `arm_family`, `record_key`, `dedupe`,
 `validate`, `append_records`, `read_records`, `read_run_records`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +146,12 @@ REQUIRED = tuple(f.name for f in dataclasses.fields(Record) if f.default is data
 def validate(rows: Iterable[Mapping[str, Any]]) -> list[dict]:
     """`rows` checked and completed through `Record` (every field present, None when unset)."""
     return [Record.from_json(r).to_json() for r in rows]
+
+
+def arm_family(arm: str) -> str:
+    """An arm's label without its `@N=...`: "dflash2@N=7" -> "dflash2", "oracle@N=3|T=1" ->
+    "oracle|T=1", "ar" -> "ar". The name of that arm's family in plots, tables and the cost model."""
+    return re.sub(r"@N=\d+", "", arm)
 
 
 def record_key(rec: Mapping[str, Any]) -> tuple[str, float, str]:

@@ -30,7 +30,6 @@ Public: `mcnemar_exact`, `tost_paired`, `paired_bootstrap_ci`, `bootstrap_ci`, `
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,7 +39,7 @@ import numpy as np
 from dflash2 import jsonl
 from dflash2.engine.stats import (accepted_length_histogram, per_position_acceptance, produced_and_steps,
                                   tau_per_request_mean, tau_pooled)
-from dflash2.evaluation.records import dedupe, validate
+from dflash2.evaluation.records import arm_family, dedupe, validate
 
 CONFIDENCE = 0.95
 
@@ -430,12 +429,6 @@ def _arm_notes(arm: str, m: dict) -> list[str]:
             notes.append(f"{arm}: McNemar minimum detectable effect {mde * 100:.1f} accuracy points (n={n}, "
                          f"discordance {psi:.1%}, alpha 0.05, power 0.8); smaller differences go undetected")
     return notes
-
-
-def arm_family(arm: str) -> str:
-    """An arm's label without its `@N=...`: "dflash2@N=7" -> "dflash2", "oracle@N=3|T=1" ->
-    "oracle|T=1", "ar" -> "ar". The name a plot over N gives the series of that arm's family."""
-    return re.sub(r"@N=\d+", "", arm)
 
 
 def _vs_n(arms: list[str], per_arm: dict) -> dict:

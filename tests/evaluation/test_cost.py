@@ -122,10 +122,10 @@ def test_from_records_recovers_the_synthetic_run():
             assert v["predicted_tau"] == pytest.approx(sum(0.7**i for i in range(v["N"] + 1)), rel=0.05)
             assert v["predicted_speedup"] == pytest.approx(v["measured_speedup"], rel=0.08), arm
             assert res["predictions"][arm] == v["predicted_speedup"]
-    assert np.allclose(res["profiles"]["spec|T=0"]["conditional"][:4], 0.7, atol=0.07)
-    assert res["profiles"]["spec|T=0"]["source"] == "dflash2@N=15"
+    assert np.allclose(res["profiles"]["dflash2|T=0"]["conditional"][:4], 0.7, atol=0.07)
+    assert res["profiles"]["dflash2|T=0"]["source"] == "dflash2@N=15"
     # True optimum of E(N) / (1 + 0.05 N) at alpha 0.7 is N = 5 or 6 (nearly flat there).
-    assert res["best_n"]["spec|T=0"]["N"] in (4, 5, 6, 7)
+    assert res["best_n"]["dflash2|T=0"]["N"] in (4, 5, 6, 7)
     json.dumps(res)
 
 
@@ -154,7 +154,7 @@ def test_for_report_gate_and_errors():
     mixed = synthetic_records(n_per_dataset=4, ns=(3, 7), selector_off=True)
     info, preds = cost.for_report(mixed)
     assert set(preds) == {"dflash2@N=3", "dflash2@N=7"} and "selector_off|T=0" in info["skipped"]
-    assert set(info["step_cost"]) == {"T=0", "spec|T=0"}
+    assert set(info["step_cost"]) == {"T=0", "dflash2|T=0"}
     # Several temperatures: arm keys as in stats.summarize.
     multi = two + synthetic_records(n_per_dataset=4, ns=(3, 7), temperature=0.7, seed=1)
     info, preds = cost.for_report(multi)
@@ -235,7 +235,7 @@ def test_end_to_end_prediction_counts_batch_stragglers():
     recs = _batched_records()
     res = cost.from_records(recs, calibrate_arms=["ar", "dflash2@N=1", "dflash2@N=3", "dflash2@N=15"])
     assert res["step_cost"]["T=0"]["batch"] == 4
-    prof = AcceptanceProfile(tuple(res["profiles"]["spec|T=0"]["conditional"]))
+    prof = AcceptanceProfile(tuple(res["profiles"]["dflash2|T=0"]["conditional"]))
     for arm in ("dflash2@N=3", "dflash2@N=7", "dflash2@N=15"):
         v = res["arms"][arm]
         assert v["predicted_speedup"] == pytest.approx(v["measured_speedup"], rel=0.08), arm
@@ -249,7 +249,7 @@ def test_end_to_end_prediction_counts_batch_stragglers():
         pooled, measured = ar_s / sp_s, v["measured_speedup"]
         assert pooled > 1.1 * measured, arm
         assert abs(v["predicted_speedup"] - measured) < 0.5 * abs(pooled - measured), arm
-    best = res["best_n"]["spec|T=0"]
+    best = res["best_n"]["dflash2|T=0"]
     assert best["N_end_to_end"] in range(1, 16) and set(best["predicted_end_to_end_speedup"]) >= {"1", "15"}
     measured = {res["arms"][a]["N"]: res["arms"][a]["measured_speedup"] for a in res["arms"] if res["arms"][a]["N"]}
     assert best["predicted_end_to_end_speedup"][str(max(measured, key=measured.get))] >= \
