@@ -183,8 +183,8 @@ def speculative_generate(
             kernels. The prefill stays uncompiled; each new shape class pays its compile once.
         attention_impl: the target attention's kernel, `"auto"` (default: Triton on CUDA, the
             reference on CPU) | `"torch"` (SDPA with a per-row mask) | `"triton"`, resolved once
-            (`dflash2.kernels.row_attention`; the Triton kernel was 1.5-4.1x faster than the
-            reference on the H200, docs/PERFORMANCE.md). Exact mode keeps its own kernel.
+            (`dflash2.kernels.row_attention`; docs/PERFORMANCE.md compares the two). Exact mode
+            keeps its own kernel.
     Returns:
         `SpeculativeOutput`.
     """
@@ -213,8 +213,8 @@ def speculative_generate(
         if draft is not None and not proposer_like:  # a DFlash2 draft model; its attention is ours: light only
             compile_modules(draft, draft.layers, "light")
     # On CUDA a K/V length that grows by one every step gives attention a new shape every step,
-    # and each new shape costs the default SDPA path a new plan: at batch 8 on the H200 the eager
-    # loop ran 3x faster with one fixed length (docs/PERFORMANCE.md, exact mode). Masked tail
+    # and each new shape costs the default SDPA path a new plan (docs/PERFORMANCE.md, exact mode,
+    # measures the difference). Masked tail
     # slots change no result, so the length is rounded up to a bucket. The CPU keeps exact lengths.
     kv_bucket = KV_BUCKET if device.type == "cuda" else CPU_KV_BUCKET
     sync = timing and device.type == "cuda"
