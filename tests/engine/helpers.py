@@ -194,3 +194,13 @@ class SamplingOracle(_Oracle):
         q = torch.softmax(vals, dim=-1)  # [B, k]
         pick = torch.multinomial(q, 1, generator=self.gen)[:, 0]
         return ids.gather(1, pick[:, None])[:, 0], ids, q
+
+
+def fp32_target_draft_prompts(vocab: int, layers: int):
+    """A tiny fp32 Qwen3 target with `layers` layers, a random block-8 draft, and three prompts
+    of lengths 5, 19 and 11 (different lengths exercise the padding and prefill paths)."""
+    target = tiny_qwen3(vocab=vocab, hidden=64, layers=layers, seed=0).float()
+    draft = randomize_(DFlash2DraftModel(tiny_draft_config(vocab=vocab, block_size=8)), seed=1, std=0.05).eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, vocab - 1, (n,), generator=g) for n in (5, 19, 11)]
+    return target, draft, prompts

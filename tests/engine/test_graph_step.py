@@ -15,12 +15,12 @@ import contextlib
 import pytest
 import torch
 
-from dflash2 import DFlash2DraftModel, speculative_generate
+from dflash2 import speculative_generate
 from dflash2.engine import generate as engine_generate
 from dflash2.engine import inputs as engine_inputs
 from dflash2.engine.inputs import GenerateInputError
 from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer
-from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
+from tests.engine.helpers import fp32_target_draft_prompts
 
 VOCAB = 300
 
@@ -47,11 +47,7 @@ class ReplayByRunning:
 
 @pytest.fixture(scope="module")
 def models():
-    target = tiny_qwen3(vocab=VOCAB, hidden=64, layers=4, seed=0).float()
-    draft = randomize_(DFlash2DraftModel(tiny_draft_config(vocab=VOCAB, block_size=8)), seed=1, std=0.05).eval()
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, VOCAB - 1, (n,), generator=g) for n in (5, 19, 11)]
-    return target, draft, prompts
+    return fp32_target_draft_prompts(VOCAB, layers=4)
 
 
 @pytest.fixture
