@@ -138,7 +138,7 @@ def wall_step_ms(call, new_tokens: int, steps: int, repeats: int, device: torch.
 
 
 def _oracle_step_ms(target, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
-                    compile_level: str | None, attention_impl: str = "auto") -> float:
+                    engine_kw: dict) -> float:
     """Median synchronized step (ms) with `DeviceOracleProposer` at N = n, accepting nothing: the
     verify + commit part of a speculative step (its proposal is a few gathers)."""
     from dflash2.engine.generate import speculative_generate
@@ -147,29 +147,31 @@ def _oracle_step_ms(target, ids: torch.Tensor, n: int, new_tokens: int, warmup_s
     oracle = DeviceOracleProposer([row.tolist() for row in ids], list(range(ids.shape[0])), MAX_N + 1, 0.0,
                                   int(target.vocab_size), ids.device)
     t = speculative_generate(target, oracle, ids, max_new_tokens=new_tokens, num_speculative_tokens=n, timing=True,
-                             compile_level=compile_level, attention_impl=attention_impl).times
+                             **engine_kw).times
     return statistics.median(t.verify[warmup_steps:]) * 1e3
 
 
 def run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
-             compile_level: str | None = None, attention_impl: str = "auto", repeats: int = 3) -> dict:
+             engine_kw: dict | None = None, repeats: int = 3) -> dict:
     """Our AR (n = 0) or speculative step at N = n: wall ms/step (`wall_step_ms`), and as a
-    breakdown the synchronized in-step time and its phases (ms). The decoding state the engine
-    keeps for a next call is freed afterwards, so no later cell's peak memory holds it."""
+    breakdown the synchronized in-step time and its phases (ms). `engine_kw`: the engine's
+    kernel choices (`compile_level`, `attention_impl`, `linear_impl`), the same for every call of
+    the cell. The decoding state the engine keeps for a next call is freed afterwards, so no
+    later cell's peak memory holds it."""
     from dflash2.engine.state import release_decode_state
 
     try:
-        return _run_ours(target, draft, ids, n, new_tokens, warmup_steps, compile_level, attention_impl, repeats)
+        return _run_ours(target, draft, ids, n, new_tokens, warmup_steps, dict(engine_kw or {}), repeats)
     finally:
         release_decode_state(target)
 
 
 def _run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
-              compile_level: str | None, attention_impl: str, repeats: int) -> dict:
+              engine_kw: dict, repeats: int) -> dict:
     from dflash2.engine.generate import speculative_generate
 
     drafter = draft if n > 0 else None
-    kw = dict(num_speculative_tokens=n if n > 0 else None, compile_level=compile_level, attention_impl=attention_impl)
+    kw = dict(num_speculative_tokens=n if n > 0 else None, **engine_kw)
 
     def call(m: int) -> None:
         speculative_generate(target, drafter, ids, max_new_tokens=m, **kw)
@@ -192,7 +194,7 @@ def _run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_
         in_step = med(t.verify)
         phases = {"draft": None, "select": None, "verify": None}
         if n > 0:
-            verify_ms = _oracle_step_ms(target, ids, n, new_tokens, warmup_steps, compile_level, attention_impl)
+            verify_ms = _oracle_step_ms(target, ids, n, new_tokens, warmup_steps, engine_kw)
             phases = {"draft_select": in_step - verify_ms, "verify": verify_ms, "method": "oracle difference"}
     else:
         steps_run = len(t.verify)
@@ -396,6 +398,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--attention-impl", choices=["auto", "torch", "triton"], default="auto",
                    help="our arms' target attention kernel (dflash2.kernels.row_attention; auto = the engine's "
                         "default, Triton on CUDA; torch = SDPA + mask)")
+    p.add_argument("--linear-impl", choices=["auto", "torch", "triton"], default="torch",
+                   help="our arms' linear layers (dflash2.kernels.linear: triton = the small-M kernel; needs "
+                        "--compile-level none; torch = F.linear, the engine's default)")
     p.add_argument("--compile-level", choices=["none", *COMPILE_LEVELS], default="light",
                    help="our arms' compile_level (dflash2.engine.compiled; none = stock modules); the compile of "
                         "each shape class is paid in an untimed run before the cell")
@@ -469,7 +474,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                     "torch": torch.__version__, "transformers": transformers.__version__,
                     "new_tokens": args.new_tokens, "warmup_steps": args.warmup_steps, "repeats": args.repeats,
                     "wall_s": 0.0,
-                    "compile_level": level, "attention_impl": resolve_impl(args.attention_impl, dev)},
+                    "compile_level": level, "attention_impl": resolve_impl(args.attention_impl, dev),
+                    "linear_impl": resolve_impl(args.linear_impl, dev)},
            "floors": {"copy_gbs": floors.copy_gbs, "gemm_tflops": floors.gemm_tflops,
                       "linear_params": floors.linear_params, "target_weight_bytes": floors.target_bytes,
                       "draft_weight_bytes": floors.draft_bytes, "kv_bytes_per_token": floors.kv_bytes_per_token},
@@ -508,8 +514,9 @@ def main(argv: list[str] | None = None) -> dict | None:
             _peak_start(dev)
             try:
                 if kind == "ours":
-                    res = run_ours(target, draft, ids, n, args.new_tokens, args.warmup_steps,
-                                   None if level == "none" else level, args.attention_impl, args.repeats)
+                    engine_kw = dict(compile_level=None if level == "none" else level,
+                                     attention_impl=args.attention_impl, linear_impl=args.linear_impl)
+                    res = run_ours(target, draft, ids, n, args.new_tokens, args.warmup_steps, engine_kw, args.repeats)
                 else:
                     res = run_hf(hf_model, ids, args.new_tokens, kind == "hf_compile", args.repeats)
                 peak = _peak_gib(dev)

@@ -50,6 +50,7 @@ one batched forward (launch-bound in the eager loop); off by default.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -144,6 +145,7 @@ def speculative_generate(
     graphs: bool | None = None,
     compile_level: str | None = None,
     attention_impl: str = "auto",
+    linear_impl: str = "torch",
 ) -> SpeculativeOutput:
     """Generate with DFlash2 speculative decoding (or the AR baseline), losslessly.
 
@@ -185,6 +187,10 @@ def speculative_generate(
             reference on CPU) | `"torch"` (SDPA with a per-row mask) | `"triton"`, resolved once
             (`dflash2.kernels.row_attention`; docs/PERFORMANCE.md compares the two). Exact mode
             keeps its own kernel.
+        linear_impl: the target's and the draft's linear layers at decode and verify sizes (at
+            most 32 rows): `"torch"` (default, `F.linear`) | `"triton"` (the small-M
+            weight-streaming kernel, `dflash2.kernels.linear`, through a function mode owned by the
+            decoding state) | `"auto"` (Triton on CUDA). Not with exact mode or `compile_level`.
     Returns:
         `SpeculativeOutput`.
     """
@@ -194,7 +200,7 @@ def speculative_generate(
         target, draft, input_ids, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids, impl=impl,
         timing=timing, exact=exact, exact_block_size=exact_block_size, graphs=graphs, compile_level=compile_level,
-        attention_impl=attention_impl)
+        attention_impl=attention_impl, linear_impl=linear_impl)
     tgt: TargetModel = checked.target
     rows, n_spec, draft = checked.rows, checked.num_speculative_tokens, checked.draft
     proposer_like = draft is not None and hasattr(draft, "propose")
@@ -273,7 +279,7 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
     p_max = max(plen_host)
     times = StepTimes(synchronized=sync)
 
-    with static_attention(tgt.model):
+    with static_attention(tgt.model), (state.linear_mode or contextlib.nullcontext()):
         t_start = clock()
         state.load(rows, temperature, row_seeds(checked.seed, bsz, device), max_new_tokens, stops)
         plens = state.plens[:bsz]

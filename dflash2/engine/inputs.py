@@ -239,6 +239,7 @@ def check_generate_inputs(
     graphs=None,
     compile_level=None,
     attention_impl="auto",
+    linear_impl="torch",
 ) -> GenerateInputs:
     """Check every argument of `speculative_generate` (same names) on the host.
 
@@ -321,7 +322,16 @@ def check_generate_inputs(
               "the stock ones, and exact mode pins the stock kernels)", "drop one of the two")
     if attention_impl not in IMPLS:
         _fail("attention_impl", f"is {attention_impl!r}", f"use one of {IMPLS}")
+    if linear_impl not in IMPLS:
+        _fail("linear_impl", f"is {linear_impl!r}", f"use one of {IMPLS}")
+    linear = resolve_impl(linear_impl, tgt.device)
+    if linear == "triton" and exact:
+        _fail("linear_impl", "is 'triton' with exact=True (exact mode pins the stock kernels)", "drop one of the two")
+    if linear == "triton" and compile_level is not None:
+        _fail("linear_impl", f"is 'triton' with compile_level={compile_level!r} (the small-M linear's function mode "
+              "does not run under torch.compile)", "drop one of the two")
     settings = EngineSettings(kernel_impl=resolve_impl(impl, tgt.device),
-                              attention_impl=resolve_impl(attention_impl, tgt.device), exact=exact,
+                              attention_impl=resolve_impl(attention_impl, tgt.device), linear_impl=linear,
+                              exact=exact,
                               exact_block_size=exact_block_size, compile_level=compile_level, graphs=use_graphs)
     return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, settings)

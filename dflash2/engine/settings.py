@@ -27,18 +27,23 @@ class EngineSettings:
             draft's cached attention (`dflash2.kernels.row_attention`); exact mode keeps its own kernel.
         exact: exact mode (`dflash2.engine.generate`).
         exact_block_size: the padded width of every exact-mode target forward.
+        linear_impl: `"torch" | "triton"`: the target's and the draft's `nn.Linear` layers at
+            decode and verify sizes (at most 32 rows); `"triton"` routes them through
+            `dflash2.kernels.linear.SmallMLinearMode` (the decoding state owns the mode, so graphs
+            captured under it keep its buffers), `"torch"` leaves `F.linear`.
         compile_level: None, `"light"` or `"full"` (`dflash2.engine.compiled`).
         graphs: the steady-state step replays CUDA graphs (`dflash2.engine.graphs`).
     """
 
     kernel_impl: str
     attention_impl: str
+    linear_impl: str = "torch"
     exact: bool = False
     exact_block_size: int = 16
     compile_level: str | None = None
     graphs: bool = False
 
     def __post_init__(self):
-        for name in ("kernel_impl", "attention_impl"):
+        for name in ("kernel_impl", "attention_impl", "linear_impl"):
             if getattr(self, name) not in RESOLVED_IMPLS:
                 raise ValueError(f"{name} must be resolved to one of {RESOLVED_IMPLS}, got {getattr(self, name)!r}")

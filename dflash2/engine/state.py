@@ -34,6 +34,7 @@ from dflash2.engine.draft import DraftStep, Proposal
 from dflash2.engine.reports import REPORT_ROWS, StepReports
 from dflash2.engine.settings import EngineSettings
 from dflash2.engine.sampling import filter_logits, invalid_rows
+from dflash2.kernels.linear import SmallMLinearMode
 from dflash2.kernels.verify import verify_block
 from dflash2.target import TargetModel
 
@@ -168,6 +169,9 @@ class DecodeState:
         self.sampled, self.top_k, self.top_p, self.layer_ids = sampled, top_k, top_p, layer_ids
         self.lock = threading.Lock()
         self.runner = None  # the StepGraphs of this state (graph path), kept with it
+        # The small-M linear's function mode (entered around every forward of a call on this state)
+        # lives with the state: graphs captured under it replay its split-K ticket buffer.
+        self.linear_mode = SmallMLinearMode(engine.linear_impl, device) if engine.linear_impl == "triton" else None
         self.trash = max_len  # the column of `tokens` that absorbs masked writes
         longs = dict(dtype=torch.long, device=device)
         self.tokens = torch.zeros(batch, max_len + 1, **longs)

@@ -182,7 +182,9 @@ def test_wall_clock_step_and_the_oracle_split_of_a_graph_step(monkeypatch):
     def fake(target, drafter, ids, **kw):
         oracle = isinstance(drafter, DeviceOracleProposer)
         seen.append(("oracle" if oracle else type(drafter).__name__, kw["max_new_tokens"], kw.get("timing", False)))
-        assert kw["attention_impl"] == "auto" and kw["compile_level"] == ("light" if drafter is not None else None)
+        # Every call of a cell gets the cell's engine kwargs, and nothing else of ours.
+        assert kw.get("linear_impl", "torch") == "torch"
+        assert kw.get("compile_level") == ("light" if drafter is not None else None)
         steps = -(-(kw["max_new_tokens"] - 1) // 2)  # two tokens a step
         now[0] += (1.0 + 12.0 * steps) / 1e3
         ms = 7.0 if oracle else 10.0
@@ -194,7 +196,7 @@ def test_wall_clock_step_and_the_oracle_split_of_a_graph_step(monkeypatch):
     monkeypatch.setattr(generate, "speculative_generate", fake)
     target, draft = bench.build_models("tiny", torch.device("cpu"))
     ids = torch.randint(0, 100, (2, 8))
-    res = bench.run_ours(target, draft, ids, 3, 12, 2, compile_level="light", repeats=2)
+    res = bench.run_ours(target, draft, ids, 3, 12, 2, {"compile_level": "light", "linear_impl": "torch"}, repeats=2)
     d = "DFlash2DraftModel"
     assert seen == [(d, 12, False), (d, 12, False), (d, 12, False), (d, 1, False), (d, 1, False), (d, 12, True),
                     ("oracle", 12, True)]  # warm-up, 2 timed x (12, 1) tokens, synchronized run, oracle run
