@@ -11,7 +11,9 @@ The contract a user sees:
                      `hydra.output_subdir: null`, `hydra.run.dir: .` and `hydra/job_logging:
                      stdout`, so Hydra creates no directory and no file; the entry point writes
                      `DIR/.hydra/config.yaml` and `overrides.yaml` itself (`write_run_config`),
-                     after the checks pass, and never over an existing run's copy
+                     after the checks pass, and never over an existing run's copy; under
+                     `-m`, `preflight_multirun` checks every point of the sweep before Hydra
+                     creates the sweep directory
     one line         a user error prints `error: <message>` on stderr and exits with status 2
                      (no Hydra banner, no traceback); `DFLASH2_DEBUG=1` also prints the full
                      traceback. Other exceptions (bugs) keep Python's traceback and status 1.
@@ -235,10 +237,60 @@ def user_errors(fn: Callable) -> Callable:
     return task
 
 
-def run_entry(main: Callable[[], object]) -> None:
+def sweep_points(overrides: list[str]) -> list[list[str]]:
+    """The override lists of every point of a Hydra sweep (`a=1,2 b=x,y` -> four lists), as
+    Hydra's basic sweeper expands them; `hydra.`/`hydra/` overrides are left out (they configure
+    the launch, not the job)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the expansion Hydra runs
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    job = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    parsed = OverridesParser.create().parse_overrides(job)
+    return [point for batch in BasicSweeper.split_arguments(parsed, None) for point in batch]
+
+
+def preflight_multirun(argv: list[str], config_dir: str | os.PathLike, config_name: str,
+                       check: Callable[[object], object]) -> None:
+    """Before a `-m` launch: compose every point of the sweep and run `check` on it, and refuse a
+    sweep directory (`output_dir`) that already holds a run unless `resume=true`. Hydra creates
+    the sweep directory and writes its `multirun.yaml` before any job starts, so without this a
+    refused sweep would leave files behind, and a sweep into an existing run's directory would
+    write into it. Raises `ConfigError` / `UserError`; touches no file. A no-op without `-m`."""
+    if not any(a in ("-m", "--multirun") for a in argv):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    overrides = [a for a in argv if not a.startswith("-")]
+    try:
+        points = sweep_points(overrides)
+    except Exception as e:  # noqa: BLE001 - Hydra's parser errors name the bad override
+        raise ConfigError(f"cannot parse the sweep: {e}") from e
+    roots = set()
+    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
+        for point in points:
+            # With Hydra's own node set, so `${hydra:runtime.choices...}` interpolations resolve as in
+            # the job; the node itself is not part of the job's config.
+            cfg = compose(config_name=config_name, overrides=point, return_hydra_config=True)
+            HydraConfig.instance().set_config(cfg)
+            with open_dict(cfg):
+                del cfg["hydra"]
+            obj = check(cfg)
+            root = Path(obj.output_dir)
+            if not getattr(obj, "resume", False) and root not in roots and root.is_dir() and any(root.iterdir()):
+                raise UserError(f"output_dir={root} is not empty: a sweep there would write into an earlier "
+                                "run; choose a new output_dir, or pass resume=true to continue that sweep")
+            roots.add(root)
+
+
+def run_entry(main: Callable[[], object], *, config_dir: str | os.PathLike | None = None,
+              config_name: str | None = None, check: Callable[[object], object] | None = None) -> None:
     """Call a `@hydra.main` function under the user-error rule (see the module docstring); Hydra's
     own composition errors (a misspelt key or group option, a value of the wrong type) are
-    caught here, the task's own by `user_errors`.
+    caught here, the task's own by `user_errors`. With `config_dir`, `config_name` and `check`
+    (the entry point's config checks), a `-m` sweep is checked point by point first
+    (`preflight_multirun`).
 
     A user error prints `error: <one line>` on stderr (the traceback first when
     `DFLASH2_DEBUG=1`) and exits with status 2; `SystemExit` and other exceptions pass through.
@@ -246,6 +298,8 @@ def run_entry(main: Callable[[], object]) -> None:
     saved = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"   # Hydra re-raises instead of printing its own report
     try:
+        if check is not None:
+            preflight_multirun(sys.argv[1:], config_dir, config_name, check)
         main()
     except Exception as exc:  # noqa: BLE001 - a bug is re-raised untouched
         _refuse(exc)

@@ -396,6 +396,14 @@ def stop_token_ids(tokenizer) -> list[int]:
 HYDRA_RUN_FILES = {".hydra", "multirun.yaml"}
 
 
+def existing_path(path: str | os.PathLike, *, directory: bool = False) -> bool:
+    """Whether `path` names an existing file (or directory), also read lexically: a path such as
+    `${output_dir}/../regen/x.jsonl` passes through an output_dir that the run has not created yet
+    when its checks run (before any work, and before a -m sweep starts)."""
+    test = Path.is_dir if directory else Path.is_file
+    return test(Path(path)) or test(Path(os.path.normpath(path)))
+
+
 def check_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str | None = None) -> Path:
     """The output-directory rule, read-only: raises `FileExistsError` for a file, or for a
     directory holding anything but Hydra's own run files without `resume=true`. Every process of

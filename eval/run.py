@@ -13,8 +13,8 @@ per arm and sample), DIR/summary.json, DIR/report.html and DIR/report.md, then p
 summary read back from summary.json (tau per arm, outputs identical to AR, accuracy, where the
 report is); `resume=true` first says how many records it keeps. Every config value is checked
 before any work: a refused run writes nothing and exits with status 2 after one `error: ...`
-line (`DFLASH2_DEBUG=1` adds the traceback; see `dflash2.entrypoint`). Under `-m`, Hydra itself
-creates the sweep directory and its `multirun.yaml` before the checks.
+line (`DFLASH2_DEBUG=1` adds the traceback; see `dflash2.entrypoint`). Under `-m`, every point of the sweep
+is checked before Hydra creates the sweep directory (`dflash2.entrypoint.preflight_multirun`).
 
 Sharded (`accelerate launch --num_processes K`, K GPUs; on CPU `--multi_gpu` starts K gloo
 processes): item i goes to process i % K (both MT-Bench turns on one process), each process
@@ -44,7 +44,7 @@ def checked(cfg):
 
     from dflash2.entrypoint import check_known_keys, config_checks
     from dflash2.evaluation.config import validate
-    from dflash2.runconfig import check_shared_specs, resolve_device
+    from dflash2.runconfig import check_shared_specs, existing_path, resolve_device
 
     with config_checks():
         check_known_keys(cfg)
@@ -52,7 +52,7 @@ def checked(cfg):
         check_shared_specs(obj)
         validate(obj)
         resolve_device(obj.hardware)
-        if obj.draft_path is not None and not Path(obj.draft_path).is_dir():
+        if obj.draft_path is not None and not existing_path(obj.draft_path, directory=True):
             raise ValueError(f"draft_path={obj.draft_path}: no such checkpoint directory")
     return obj
 
@@ -103,4 +103,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    run_entry(main)
+    run_entry(main, config_dir=Path(__file__).resolve().parent.parent / "configs/eval", config_name="eval",
+              check=checked)

@@ -96,6 +96,38 @@ def test_a_refused_rerun_leaves_the_earlier_run_byte_identical(workdir, tmp_path
     assert list(workdir.iterdir()) == []
 
 
+@pytest.mark.parametrize("script, overrides, match", [
+    (DISTILL, ["train.lr=1e-3,-1"], "train.lr=-1.0: use a learning rate > 0"),     # the second point
+    (DISTILL, ["+train.lrr=1,2"], "train.lrr: unknown key"),
+    (EVAL, ["temperature=0,-1"], "temperature"),
+])
+def test_a_refused_sweep_writes_nothing(workdir, tmp_path, monkeypatch, capsys, script, overrides, match):
+    """Under -m every point is checked before Hydra creates the sweep directory."""
+    out = tmp_path / "sweep"
+    _refused(script, "-m", "experiment=tiny_cpu", f"output_dir={out}", *overrides, monkeypatch=monkeypatch,
+             capsys=capsys, match=match)
+    assert not out.exists()
+    assert list(workdir.iterdir()) == []
+
+
+def test_a_sweep_into_an_earlier_run_is_refused_and_leaves_it_byte_identical(workdir, tmp_path, monkeypatch,
+                                                                             capsys):
+    run = _earlier_run(tmp_path)
+    before = _snapshot(run)
+    _refused(DISTILL, "-m", "experiment=tiny_cpu", f"output_dir={run}", "train.lr=1e-3,3e-3", monkeypatch=monkeypatch,
+             capsys=capsys, match="is not empty: a sweep there would write into an earlier run")
+    assert _snapshot(run) == before
+    assert list(workdir.iterdir()) == []
+
+
+def test_sweep_points_expand_like_hydra():
+    from dflash2.entrypoint import sweep_points
+
+    points = sweep_points(["a=1,2", "b=x,y", "c=3", "hydra.sweep.dir=/tmp/x"])
+    assert sorted(map(sorted, points)) == sorted(map(sorted, [["a=1", "b=x", "c=3"], ["a=1", "b=y", "c=3"],
+                                                             ["a=2", "b=x", "c=3"], ["a=2", "b=y", "c=3"]]))
+
+
 def test_debug_flag_adds_the_traceback(workdir, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DFLASH2_DEBUG", "1")
     status, _, err = _run(DISTILL, "experiment=tiny_cpu", f"output_dir={tmp_path / 'run'}", "train.lr=-1",

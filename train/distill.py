@@ -12,10 +12,12 @@ status 2 after one `error: ...` line (`DFLASH2_DEBUG=1` adds the traceback; see
 `dflash2.entrypoint`). Writes DIR/.hydra/config.yaml (the resolved config), DIR/metrics.jsonl,
 DIR/checkpoints/step_<n>/ and the z-lab-format export DIR/final/, then prints a summary
 (final loss and tau_proxy, held-out engine tau, where the files are). `resume=true` says which
-checkpoint it continues from, or that none was usable. Under `-m`, Hydra creates the sweep
-directory (with its `multirun.yaml`) and each point's subdir before the checks, and each point
-trains in its subdir. `DFLASH2_KILL_AT` is a test hook (`dflash2.killpoints`).
+checkpoint it continues from, or that none was usable. Under `-m`, every point of the sweep
+is checked (and a non-empty sweep directory refused without resume=true) before Hydra creates
+the sweep directory; each point trains in its subdir. `DFLASH2_KILL_AT` is a test hook (`dflash2.killpoints`).
 """
+
+from pathlib import Path
 
 import hydra
 
@@ -48,4 +50,7 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    run_entry(main)
+    from dflash2.training.run import checked_config
+
+    run_entry(main, config_dir=Path(__file__).resolve().parent.parent / "configs/distill", config_name="distill",
+              check=checked_config)

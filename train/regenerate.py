@@ -12,6 +12,8 @@ checked first: a refused run writes nothing and exits with status 2 after one `e
 line (`DFLASH2_DEBUG=1` adds the traceback; see `dflash2.entrypoint`).
 """
 
+from pathlib import Path
+
 import hydra
 
 from dflash2.entrypoint import run_entry, user_errors
@@ -52,4 +54,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    run_entry(main)
+    run_entry(main, config_dir=Path(__file__).resolve().parent.parent / "configs/distill", config_name="regenerate",
+              check=checked)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from dflash2.runconfig import DraftSpec, HardwareSpec, LoggerSpec, TargetSpec
+from dflash2.runconfig import DraftSpec, HardwareSpec, LoggerSpec, TargetSpec, existing_path
 from dflash2.training.data import DataSpec
 from dflash2.training.losses import ObjectiveSpec
 
@@ -115,7 +114,7 @@ def check_data_spec(spec: DataSpec) -> None:
     for name in ("max_new_tokens", "regen_batch_size", "max_seq_len"):
         _need(getattr(spec, name) >= 1, f"data.{name}={getattr(spec, name)}: use >= 1")
     _need(spec.heldout >= 0, f"data.heldout={spec.heldout}: use >= 0")
-    _need(spec.regenerated is None or Path(spec.regenerated).is_file(),
+    _need(spec.regenerated is None or existing_path(spec.regenerated),
           f"data.regenerated={spec.regenerated}: no such file (make one with train/regenerate.py)")
 
 
@@ -127,7 +126,7 @@ def check_distill_config(cfg: "DistillConfig") -> None:
     check_shared_specs(cfg)
     check_data_spec(cfg.data)
     cfg.train.check()
-    _need(cfg.init_from is None or Path(cfg.init_from).is_dir(),
+    _need(cfg.init_from is None or existing_path(cfg.init_from, directory=True),
           f"init_from={cfg.init_from}: no such checkpoint directory")
 
 
