@@ -95,11 +95,33 @@ def check_known_keys(cfg) -> None:
     if not bad:
         return
     name, declared = bad[0]
-    leaf = name.rsplit(".", 1)[-1]
-    close = difflib.get_close_matches(leaf, declared, n=1)
-    hint = f"; did you mean {name[: len(name) - len(leaf)]}{close[0]}?" if close else ""
+    hint = _did_you_mean(name, name.rsplit(".", 1)[-1], declared)
     more = f" (and {len(bad) - 1} more: {', '.join(k for k, _ in bad[1:4])})" if len(bad) > 1 else ""
     raise ConfigError(f"{name}: unknown key, the schema declares no such field{hint}{more}")
+
+
+def checked_object(cfg, *checks: Callable[[object], object]):
+    """The typed config object of `cfg` (a DictConfig or the dataclass itself) after every check,
+    touching no file: the unknown-key check, then each of `checks` on the object, then the
+    hardware group's device. Raises `ConfigError` naming the first bad key or value."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from dflash2.runconfig import resolve_device
+
+    with config_checks():
+        check_known_keys(cfg)
+        obj = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
+        for check in checks:
+            check(obj)
+        resolve_device(obj.hardware)   # e.g. hardware.device=cuda on a machine without CUDA
+    return obj
+
+
+def _did_you_mean(name: str, leaf: str, declared: list[str]) -> str:
+    """"; did you mean <name with its last part `leaf` replaced by the closest declared field>?",
+    or "" when no declared field is close."""
+    close = difflib.get_close_matches(leaf, declared, n=1)
+    return f"; did you mean {name[: len(name) - len(leaf)]}{close[0]}?" if close else ""
 
 
 def write_run_config(out_dir: str | os.PathLike, cfg) -> Path | None:
@@ -183,10 +205,9 @@ def _omegaconf_line(exc) -> str:
     if m:
         schema = getattr(exc, "object_type", None)
         declared = [f.name for f in fields(schema)] if schema is not None and is_dataclass(schema) else []
-        close = difflib.get_close_matches(m.group(1), declared, n=1)
         text = f"unknown key ({m.group(2)} declares no field {m.group(1)!r})"
-        if close and key:
-            text += f"; did you mean {key[: len(key) - len(m.group(1))]}{close[0]}?"
+        if key:
+            text += _did_you_mean(key, m.group(1), declared)
     return f"{key}: {text}" if key else text
 
 

@@ -40,21 +40,15 @@ log = logging.getLogger("eval")
 
 def checked(cfg):
     """The `EvalConfig` of `cfg` after every check (raises `ConfigError`); touches no file."""
-    from omegaconf import OmegaConf
-
-    from dflash2.entrypoint import check_known_keys, config_checks
+    from dflash2.entrypoint import checked_object
     from dflash2.evaluation.config import validate
-    from dflash2.runconfig import check_shared_specs, existing_path, resolve_device
+    from dflash2.runconfig import check_shared_specs, existing_path
 
-    with config_checks():
-        check_known_keys(cfg)
-        obj = OmegaConf.to_object(cfg)
-        check_shared_specs(obj)
-        validate(obj)
-        resolve_device(obj.hardware)
+    def draft_exists(obj) -> None:
         if obj.draft_path is not None and not existing_path(obj.draft_path, directory=True):
             raise ValueError(f"draft_path={obj.draft_path}: no such checkpoint directory")
-    return obj
+
+    return checked_object(cfg, check_shared_specs, validate, draft_exists)
 
 
 def eval_summary(out_dir: Path) -> str:

@@ -24,19 +24,11 @@ register_regenerate_schema()
 
 def checked(cfg):
     """The `RegenerateConfig` of `cfg` after every check (raises `ConfigError`); touches no file."""
-    from omegaconf import OmegaConf
-
-    from dflash2.entrypoint import check_known_keys, config_checks
-    from dflash2.runconfig import check_shared_specs, resolve_device
+    from dflash2.entrypoint import checked_object
+    from dflash2.runconfig import check_shared_specs
     from dflash2.training.config import check_data_spec
 
-    with config_checks():
-        check_known_keys(cfg)
-        obj = OmegaConf.to_object(cfg)
-        check_shared_specs(obj)
-        check_data_spec(obj.data)
-        resolve_device(obj.hardware)
-    return obj
+    return checked_object(cfg, check_shared_specs, lambda obj: check_data_spec(obj.data))
 
 
 @hydra.main(config_path="../configs/distill", config_name="regenerate", version_base=None)

@@ -18,26 +18,13 @@ from pathlib import Path
 import torch
 
 
-def to_config(cfg):
-    """A `DistillConfig` dataclass from Hydra's DictConfig (or the dataclass itself)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    return OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
-
-
 def checked_config(cfg):
     """The `DistillConfig` of `cfg` (DictConfig or dataclass) after every check; raises
     `dflash2.entrypoint.ConfigError` naming the first bad key or value. Touches no file."""
-    from dflash2.entrypoint import check_known_keys, config_checks
-    from dflash2.runconfig import resolve_device
+    from dflash2.entrypoint import checked_object
     from dflash2.training.config import check_distill_config
 
-    with config_checks():
-        check_known_keys(cfg)
-        obj = to_config(cfg)
-        check_distill_config(obj)
-        resolve_device(obj.hardware)   # hardware.device=cuda on a machine without CUDA
-    return obj
+    return checked_object(cfg, check_distill_config)
 
 
 def run_distill(cfg) -> Path:
