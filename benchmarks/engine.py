@@ -69,6 +69,10 @@ SHAPES = {
     "qwen3-8b": (TargetSpec(name="qwen3-8b-random", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                             num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
                             dtype="bfloat16"), 5),
+    "smollm2-135m": (TargetSpec(name="smollm2-135m-random", architecture="llama", hidden_size=576,
+                                intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                                num_key_value_heads=3, head_dim=64, vocab_size=49152, rope_theta=100000.0,
+                                rms_norm_eps=1e-5, tie_word_embeddings=True, dtype="bfloat16"), 2),
     "tiny": (TargetSpec(name="tiny-random", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
                         dtype="float32"), 1),
@@ -399,8 +403,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="our arms' target attention kernel (dflash2.kernels.row_attention; auto = the engine's "
                         "default, Triton on CUDA; torch = SDPA + mask)")
     p.add_argument("--linear-impl", choices=["auto", "torch", "triton"], default="torch",
-                   help="our arms' linear layers (dflash2.kernels.linear: triton = the small-M kernel; needs "
-                        "--compile-level none; torch = F.linear, the engine's default)")
+                   help="our arms' linear layers (dflash2.kernels.linear: triton = the small-M kernel, inside "
+                        "compiled modules too; torch = F.linear, the engine's default)")
     p.add_argument("--compile-level", choices=["none", *COMPILE_LEVELS], default="light",
                    help="our arms' compile_level (dflash2.engine.compiled; none = stock modules); the compile of "
                         "each shape class is paid in an untimed run before the cell")

@@ -190,7 +190,8 @@ def speculative_generate(
         linear_impl: the target's and the draft's linear layers at decode and verify sizes (at
             most 32 rows): `"torch"` (default, `F.linear`) | `"triton"` (the small-M
             weight-streaming kernel, `dflash2.kernels.linear`, through a function mode owned by the
-            decoding state) | `"auto"` (Triton on CUDA). Not with exact mode or `compile_level`.
+            decoding state; under `compile_level` the compiled modules call it as an opaque operator)
+            | `"auto"` (Triton on CUDA). Not with exact mode.
     Returns:
         `SpeculativeOutput`.
     """

@@ -327,9 +327,6 @@ def check_generate_inputs(
     linear = resolve_impl(linear_impl, tgt.device)
     if linear == "triton" and exact:
         _fail("linear_impl", "is 'triton' with exact=True (exact mode pins the stock kernels)", "drop one of the two")
-    if linear == "triton" and compile_level is not None:
-        _fail("linear_impl", f"is 'triton' with compile_level={compile_level!r} (the small-M linear's function mode "
-              "does not run under torch.compile)", "drop one of the two")
     settings = EngineSettings(kernel_impl=resolve_impl(impl, tgt.device),
                               attention_impl=resolve_impl(attention_impl, tgt.device), linear_impl=linear,
                               exact=exact,

@@ -1,7 +1,8 @@
 """The engine with the small-M linear kernel (`linear_impl="triton"`; the Triton interpreter on
 CPU) gives the reference's tokens: greedy AR and speculative on the eager loop and on the graph
-path (the stand-in runner), with the function mode owned by the decoding state; refusals where
-the mode cannot run."""
+path (the stand-in runner), with the function mode owned by the decoding state; under
+`compile_level` through the opaque `dflash2::small_m_linear` operator; refusals where the mode
+cannot run."""
 
 from __future__ import annotations
 
@@ -69,8 +70,6 @@ def test_the_state_owns_the_mode_and_the_refusals_name_the_conflict(triton_cpu):
     with pytest.raises(GenerateInputError, match="linear_impl: is 'triton' with exact=True"):
         speculative_generate(target, None, PROMPTS, max_new_tokens=2, linear_impl="triton", exact=True,
                              exact_block_size=4)
-    with pytest.raises(GenerateInputError, match="linear_impl: is 'triton' with compile_level='light'"):
-        speculative_generate(target, None, PROMPTS, max_new_tokens=2, linear_impl="triton", compile_level="light")
     with pytest.raises(GenerateInputError, match="linear_impl: is 'fast'"):
         speculative_generate(target, None, PROMPTS, max_new_tokens=2, linear_impl="fast")
 
@@ -86,3 +85,33 @@ def test_the_graph_path_replays_under_the_states_mode(triton_cpu, fake_graphs): 
     assert fake_graphs and all(r.replays > 0 for r in fake_graphs)
     for out in (first, again):
         assert [s.tolist() for s in out.sequences] == [s.tolist() for s in ref.sequences]
+
+
+def test_compiled_modules_call_the_kernel_as_one_operator(triton_cpu):
+    """`compile_level="full"` with `linear_impl="triton"`: dynamo traces the mode's routing and
+    emits `dflash2::small_m_linear` in the compiled graphs (no graph break but the attention
+    call's), and the tokens equal the stock eager run's and the compiled run's without the kernel."""
+    from dflash2.engine.compiled import compile_modules
+
+    target, draft = _models()
+    kw = dict(max_new_tokens=8, num_speculative_tokens=3, seed=0)
+    stock = speculative_generate(target, draft, PROMPTS, **kw)
+    graphs: list[str] = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    compile_modules(target, target.decoder_layers, "full", backend=recording_backend)
+    compile_modules(draft, draft.layers, "light", backend=recording_backend)
+    plain = speculative_generate(target, draft, PROMPTS, compile_level="full", **kw)
+    assert graphs and not any("small_m_linear" in g for g in graphs)
+    graphs.clear()
+    torch._dynamo.utils.counters.clear()
+    routed = speculative_generate(target, draft, PROMPTS, compile_level="full", linear_impl="triton", **kw)
+    assert any("torch.ops.dflash2.small_m_linear" in g for g in graphs), "the compiled graphs did not take the op"
+    breaks = torch._dynamo.utils.counters["graph_break"]
+    assert all("row_attention" in reason for reason in breaks), dict(breaks)
+    for a, b, c in zip(stock.sequences, plain.sequences, routed.sequences):
+        assert a.tolist() == b.tolist() == c.tolist()
+    assert routed.accepted == stock.accepted

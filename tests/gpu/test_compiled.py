@@ -4,6 +4,7 @@ Fresh models per test: a compile is in place, and the other GPU tests must keep 
 In fp32 on a small random Qwen3 target and DFlash2 draft:
 - losslessness on the compiled path: greedy speculative output (the DFlash2 draft, and the device
   oracle, which accepts long runs) equals the compiled AR output token for token;
+- the same with the small-M linear kernel inside the compiled modules (`linear_impl="triton"`);
 - the compiled graph path equals the uncompiled eager loop token for token (fp32: fused kernels
   change only the rounding);
 - every step after the first and each bucket's warm-up is a graph replay, run under
@@ -28,22 +29,22 @@ pytestmark = pytest.mark.gpu
 VOCAB = 4096
 
 
-@pytest.mark.parametrize("level", ["light", "full"])
-def test_compiled_graph_path_is_lossless_and_replays(level):
+@pytest.mark.parametrize("level,linear", [("light", "torch"), ("full", "torch"), ("full", "triton")])
+def test_compiled_graph_path_is_lossless_and_replays(level, linear):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     target, draft, prompts = small_cuda_models(VOCAB)  # fresh: compiles work in place
     new = 80
     stock = speculative_generate(target, None, prompts, max_new_tokens=new, graphs=False)
     with sync_check():
-        ar = speculative_generate(target, None, prompts, max_new_tokens=new, compile_level=level)
+        ar = speculative_generate(target, None, prompts, max_new_tokens=new, compile_level=level, linear_impl=linear)
     assert [s.tolist() for s in ar.sequences] == [s.tolist() for s in stock.sequences]
     refs = [p.tolist() + g.tolist() for p, g in zip(prompts, ar.generated)]
     oracle = DeviceOracleProposer(refs, [1, 2, 3, 4], 16, 0.9, VOCAB, "cuda")
     for drafter, n in ((draft, 7), (oracle, 15)):
         with sync_check():
             spec = speculative_generate(target, drafter, prompts, max_new_tokens=new, num_speculative_tokens=n,
-                                        compile_level=level)
+                                        compile_level=level, linear_impl=linear)
         assert [s.tolist() for s in spec.sequences] == [s.tolist() for s in ar.sequences]
         t = spec.times
         assert t.graph_error is None and t.graph_captures >= 1

@@ -209,6 +209,23 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return _small_m_linear_triton(x2, weight, bias, config, tickets).reshape(*x.shape[:-1], n)
 
 
+@torch.library.custom_op("dflash2::small_m_linear", mutates_args=())
+def _small_m_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tickets: torch.Tensor,
+                       block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int,
+                       pdl: bool) -> torch.Tensor:
+    """The Triton path as one opaque operator, so `torch.compile` keeps it whole (dynamo traces
+    `SmallMLinearMode.__torch_function__` and emits this op; Inductor calls it as an extern
+    kernel). Declared pure: `tickets` is scratch that every call returns to zero before it ends,
+    and calls on one stream run in order, so no call observes another's use of it."""
+    config = LinearConfig(block_n, block_k, split_k, num_warps, num_stages, pdl)
+    return _small_m_linear_triton(x, weight, bias, config, tickets)
+
+
+@_small_m_linear_op.register_fake
+def _small_m_linear_fake(x, weight, bias, tickets, block_n, block_k, split_k, num_warps, num_stages, pdl):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
 class SmallMLinearMode(TorchFunctionMode):
     """Inside `with SmallMLinearMode(impl, device):`, `F.linear` runs the small-M kernel where it
     fits and `F.linear` itself everywhere else, so stock `nn.Linear` modules (the target's
@@ -227,8 +244,10 @@ class SmallMLinearMode(TorchFunctionMode):
 
     The mode's only state is its split-K `tickets` (zero between calls, so it may be captured in
     CUDA graphs and replayed); calls through one mode must be stream-ordered. The CUDA-graph
-    contract is otherwise `small_m_linear`'s. It is for eager and CUDA-graph execution; entering
-    it around `torch.compile`d code is not supported.
+    contract is otherwise `small_m_linear`'s. Around `torch.compile`d modules, dynamo traces the
+    routing (the row count becomes a guard) and emits the opaque `dflash2::small_m_linear`
+    operator, which runs the same kernel with the same tiling, so compiled and eager calls give
+    the same bits.
     """
 
     def __init__(self, impl: str, device: torch.device | str,
@@ -273,5 +292,18 @@ class SmallMLinearMode(TorchFunctionMode):
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             if self.routes(x, weight, bias):
                 config = self.config_for(weight.shape[0], weight.shape[1], x.dtype)
+                if torch.compiler.is_compiling():  # traced by dynamo: the opaque operator, same kernel
+                    return _compiled_call(x, weight, bias, config, self.tickets)
                 return small_m_linear(x, weight, bias, impl="triton", config=config, tickets=self.tickets)
         return func(*args, **kwargs)
+
+
+def _compiled_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: LinearConfig,
+                   tickets: torch.Tensor) -> torch.Tensor:
+    """`small_m_linear(..., impl="triton")` through `dflash2::small_m_linear` (checks done by
+    `SmallMLinearMode.routes`); the same kernel, launch and tiling as the eager call."""
+    k, n = x.shape[-1], weight.shape[0]
+    x2 = x.reshape(-1, k).contiguous()
+    out = _small_m_linear_op(x2, weight, None if bias is None else bias.contiguous(), tickets, config.block_n,
+                             config.block_k, config.split_k, config.num_warps, config.num_stages, config.pdl)
+    return out.reshape(*x.shape[:-1], n)
