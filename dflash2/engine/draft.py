@@ -33,7 +33,9 @@ class DraftStep:
         anchor: `[B]` last committed token (slot 0 of the block).
         start: `[B]` absolute position of the anchor (= committed length before it).
         context: `[B, c, n*H]` target features of the tokens committed since the last step
-            (the whole prompt at the first step); entries past `context_counts` are padding.
+            (at the first step: the whole prompt, or, for a proposer with
+            `absorb_context(context, positions, counts)`, which took the prompt's after the
+            prefill, an empty context with counts 0); entries past `context_counts` are padding.
         context_positions: `[B, c]` absolute positions of those entries.
         context_counts: `[B]` valid entries per row (0 for finished rows).
         temperature: `[B]` fp32 (0 = greedy row).
@@ -98,6 +100,14 @@ class DFlash2Proposer:
         self.softcap = float(cfg.final_logit_softcapping)
         self.selector = draft.candidate_selector if draft.selector_enabled and use_selector else None
         self.top_k = int(cfg.selector_top_k) if self.selector is not None else 1
+
+    def absorb_context(self, context: torch.Tensor, positions: torch.Tensor, counts: torch.Tensor) -> None:
+        """Take the prompt's target features `context [B, P, n*H]` at `positions [B, P]`
+        (`counts [B]` valid per row) into the draft's cache after the prefill; the first
+        `propose` then gets an empty context (counts 0), like any step after one that
+        committed nothing new (`DFlash2DraftModel.absorb_context`)."""
+        dtype = self.target.model.get_input_embeddings().weight.dtype  # what propose casts the context to
+        self.draft.absorb_context(context.to(dtype), positions, self.cache, counts)
 
     def propose(self, step: DraftStep) -> Proposal:
         n = step.num_speculative_tokens

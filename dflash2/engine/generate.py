@@ -244,11 +244,12 @@ def speculative_generate(
     settings = dict(n_spec=n_spec, width=width, sampled=sampled, top_k=top_k if sampled else 0,
                     top_p=top_p if sampled else 1.0, n_stops=None if stops is None else stops.numel(),
                     layer_ids=layer_ids, engine=engine)
-    # The graph path with the AR baseline or a DFlash2 draft runs in a batch-bucket state kept on the
-    # target for the next call (dflash2.engine.state); a custom proposer's state is its own, per call.
+    # The graph path runs in a batch-bucket state kept on the target for the next call
+    # (dflash2.engine.state), keyed by the draft or proposer object and its tensors' storage: a
+    # later call with the same one replays its graphs.
     state, key, batch = None, None, bsz
-    if engine.graphs and not proposer_like:
-        batch = batch_bucket(bsz)
+    if engine.graphs:
+        batch = bsz if proposer_like else batch_bucket(bsz)  # a custom proposer is built for its rows
         key = state_key(tgt, draft, **settings)
         state = kept_state(tgt, key, batch, max_len)
         max_len = round_up(max_len, LEN_BUCKET)
@@ -313,8 +314,9 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
         state.start(first, (prefill_features, prompt_pos.expand(batch, p_max), state.plens.clone()))
         times.prefill = clock() - t_start
         # Every buffer the step reads or writes is static and updated in place, so the step can run
-        # eagerly or as a captured CUDA graph (dflash2.engine.graphs) on the same state. The first
-        # step reads the prompt's features; later steps read the context buffers the step before wrote.
+        # eagerly or as a captured CUDA graph (dflash2.engine.graphs) on the same state. The AR arm
+        # and a proposer that absorbed the prompt's features in `start` read only those buffers from
+        # the first step on (it replays too); another proposer's first step reads the prompt's.
         runner = None
         if state.engine.graphs:
             if state.runner is None:
@@ -376,7 +378,7 @@ def _run_steps(state: DecodeState, runner, times: StepTimes, plen_host: list[int
             launched += 1
             # Rows grow by at most N + 1 per step: bound the K/V length over the steps not yet read.
             kv_need = end_max + n_spec + (launched - 1 - seen) * (n_spec + 1)
-            if runner is not None and launched > 1:
+            if runner is not None and (launched > 1 or state.first_step_replays):
                 # Graph buckets are coarser than eager ones: fewer captures; masked tail slots are free.
                 t0s.append(clock())
                 times.replayed.append(runner.step(min(round_up(kv_need, GRAPH_KV_BUCKET), state.max_len)))

@@ -12,10 +12,12 @@ What changes the step's shapes gets a graph of its own: the K/V length handed to
 attention (`kv_len`, rounded up to `GRAPH_KV_BUCKET` slots, so a graph serves every step whose
 rows fit its bucket; masked tail slots change no result). The batch size and N are fixed for a
 state (`dflash2.engine.state.DecodeState`: a batch bucket), and its graphs live as long as it
-does: a later call that reuses the state replays them with no capture. The first step reads the prompt's
-features (its own shape) and always runs eagerly; so does the first step of every new bucket,
-which is the warm-up that the capture needs (lazy kernel compilation, cuBLAS workspaces), and
-then the bucket's graph is captured (capture runs no kernels, so the state is not advanced twice).
+does: a later call that reuses the state replays them with no capture. A call's first step is a
+replay too when it has the later steps' shape (the AR arm; a proposer that took the prompt's
+features after the prefill, `DecodeState.start`); a proposer that reads the prompt's features in
+its first step runs that step eagerly. The first step of every new bucket runs eagerly: it is the
+warm-up that the capture needs (lazy kernel compilation, cuBLAS workspaces), and then the
+bucket's graph is captured (capture runs no kernels, so the state is not advanced twice).
 
 If a capture fails (a model whose forward does something a graph cannot hold, e.g. a host
 synchronization), the call warns once with the error and finishes on the eager loop: the output

@@ -55,12 +55,16 @@ def batch_bucket(batch: int) -> int:
     return round_up(batch, BATCH_BUCKETS[-1])
 
 
-def _storage_fingerprint(module) -> tuple:
-    """Addresses, shapes and dtypes of a module's parameters and buffers: a graph reads weights by
-    address, so weights replaced (not updated in place) must not meet an old graph."""
-    if module is None:
+def _storage_fingerprint(obj) -> tuple:
+    """Addresses, shapes and dtypes of a module's parameters and buffers (or of the tensor
+    attributes of a proposer that is no module): a graph reads them by address, so tensors
+    replaced (not updated in place) must not meet an old graph."""
+    if obj is None:
         return ()
-    tensors = list(module.parameters()) + list(module.buffers())
+    if isinstance(obj, torch.nn.Module):
+        tensors = list(obj.parameters()) + list(obj.buffers())
+    else:
+        tensors = [v for v in vars(obj).values() if isinstance(v, torch.Tensor)]
     return tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in tensors)
 
 
@@ -234,14 +238,35 @@ class DecodeState:
 
     def start(self, first: torch.Tensor, context: tuple) -> None:
         """After the prefill: commit each row's first token `first [batch]` and hand the prompt's
-        features `context = (features, positions, counts)` to the first step."""
+        features `context = (features, positions, counts)` to the proposer.
+
+        The AR arm reads none. A proposer with `absorb_context` takes them now and the first step
+        reads the context buffers with counts 0, so it has the shape of every later step and runs
+        as a graph replay (`first_step_replays`); any other proposer gets them in its first step,
+        which then runs eagerly."""
         self.tokens[torch.arange(self.batch, device=first.device), self.plens] = first
         torch.ge(self.gen, self.budget, out=self.done)
         if self.stops is not None:
             stop = torch.isin(first, self.stops)
             self.done |= stop
             self.hit_stop.copy_(stop)
-        self.first_context = context
+        self.first_context = None
+        if self.proposer is None:
+            return
+        if not hasattr(self.proposer, "absorb_context"):
+            self.first_context = context
+            return
+        feats, positions, counts = context
+        self.proposer.absorb_context(feats, positions, torch.where(self.done, 0, counts))
+        if feats is not None and self.ctx_feats is None:
+            self.ctx_feats = feats.new_zeros(self.batch, self.n_spec + 1, feats.shape[-1])
+        self.ctx_counts.zero_()
+
+    @property
+    def first_step_replays(self) -> bool:
+        """Whether the call's first step has the shape of the later ones (no prompt context to
+        hand over), so the graph path may replay it."""
+        return self.first_context is None
 
     def step(self, kv_len: int, record=None, clock: Callable[[], float] | None = None) -> float:
         """One decoding step on the static state (no host synchronization unless `clock` syncs).
@@ -306,7 +331,7 @@ class DecodeState:
         self.cache.set_lengths(torch.where(active, start + acc + 1, start))  # rollback = new lengths
         # ---- the next step's context: target features of the committed block rows
         if feats is not None:
-            if self.ctx_feats is None:  # allocated by the first (always eager) step
+            if self.ctx_feats is None:  # allocated by the first step (or by `start`)
                 self.ctx_feats = torch.empty_like(feats[:, : n_spec + 1])
             self.ctx_feats.copy_(feats[:, : n_spec + 1])
         self.ctx_pos.copy_(pos_w[:, : n_spec + 1])

@@ -54,6 +54,11 @@ class OracleProposer:
         self.vocab_size = int(vocab_size)
         self.target_layer_ids: list[int] = []  # needs no target features
 
+    def absorb_context(self, context, positions, counts) -> None:
+        """The oracle reads no target context (its proposals come from the references), so the
+        prompt's has nothing to go into; having this lets the engine's first step run as a
+        graph replay like every later one."""
+
     def propose(self, step: DraftStep) -> Proposal:
         n = step.num_speculative_tokens
         starts = step.start.tolist()

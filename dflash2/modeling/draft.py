@@ -383,6 +383,35 @@ class DFlash2DraftModel(PreTrainedModel):
             cache.advance(counts)
         return self.norm(x)
 
+    def absorb_context(self, target_hidden: torch.Tensor, position_ids: torch.Tensor, cache: DraftContextCache,
+                       context_lengths: torch.Tensor | None = None) -> None:
+        """Write the context K/V of `target_hidden` into `cache`, as `forward` does for its new
+        context, without drafting a block (the prompt after the prefill, so the first drafting
+        step has the shape of every later one).
+
+        Args:
+            target_hidden: `[B, c, n*H]` raw concatenated target features.
+            position_ids: `[B or 1, c]` their absolute positions.
+            cache: the draft's cache; each row's entries go at its current length, which then
+                grows by `context_lengths` (default `c`).
+            context_lengths: `[B]` valid entries per row.
+        Guarantees: the cache ends as `forward` with the same context would leave it (each
+        layer's context K/V depend on the context alone; the same kernels at the same shapes),
+        so drafting from it gives the same blocks.
+        """
+        B, c, _ = target_hidden.shape
+        position_ids = position_ids.expand(B, -1)
+        ctx = self.hidden_norm(self.fc(target_hidden))
+        cos, sin = self.rotary_emb(ctx, position_ids)
+        counts = (torch.full((B,), c, dtype=torch.long, device=ctx.device) if context_lengths is None
+                  else context_lengths.to(device=ctx.device, dtype=torch.long))
+        cache.check_capacity(c)
+        slots = cache.slots_for(c)
+        for layer in self.layers:
+            k, v = layer.self_attn._kv(ctx, cos, sin)
+            cache.write(layer.layer_idx, k, v, slots)
+        cache.advance(counts)
+
     # ------------------------------------------------------------------ checkpoint IO
     @classmethod
     def from_pretrained(cls, path, *, dtype: torch.dtype | None = None, device=None, **_ignored):

@@ -2,8 +2,8 @@
 
 A captured step must depend on nothing but the static state it reads and writes in place. Here a
 stand-in for `StepGraphs` runs the very same step body at every "replay" (and skips the capture),
-through the loop's graph path: K/V buckets of its own, the step-1 prompt context handed over to
-the static context buffers, the report as the only host read. The outputs must equal the eager
+through the loop's graph path: K/V buckets of its own, the prompt's context taken by the proposer
+after the prefill (so step 1 replays as well), the report as the only host read. The outputs must equal the eager
 loop's token for token, greedy and sampled, with rows stopping at different steps. Also: the
 `graphs` argument's checks, and the device oracle (`DeviceOracleProposer`) the graph tests use.
 """
@@ -89,9 +89,16 @@ def test_graph_path_bookkeeping_equals_the_eager_loop(models, fake_graphs, tempe
     runner = fake_graphs[-1]
     assert runner.captures >= 2 and runner.replays > 0  # K/V buckets crossed, most steps replayed
     assert graphed.times.graph_replays == runner.replays and graphed.times.graph_captures == runner.captures
-    assert len(graphed.times.verify) == 1 + runner.captures + runner.replays  # step 1 eager, warm-ups, replays
+    # Every step goes through the runner, the first included (the prompt's features, if any, went
+    # to the proposer in `start`): one warm-up per bucket, replays otherwise.
+    assert len(graphed.times.verify) == runner.captures + runner.replays
     assert graphed.times.replayed.count(True) == runner.replays and len(graphed.times.replayed) == len(graphed.times.verify)
     assert not graphed.times.replayed[0] and eager.times.replayed == []
+    # A kept state (the device oracle's too, keyed by the proposer object): the next call with the
+    # same drafter replays from its first step on, with the same tokens.
+    again = speculative_generate(target, drafter, prompts, graphs=True, **kw)
+    _same(again, eager)
+    assert again.times.replayed[0] and again.times.graph_captures == 0
     if proposer == "oracle" and temperature == 0.0:
         assert sum(map(sum, eager.accepted)) / sum(map(len, eager.accepted)) >= 1.0  # the path really accepts
 
