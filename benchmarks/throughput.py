@@ -188,14 +188,15 @@ def oracle_plan(args, target, draft, hf_model, engine_kw: dict) -> list[tuple[di
     for batch in args.batch:
         gen = torch.Generator().manual_seed(args.context * 1000 + batch)  # the same ids for every arm
         ids = torch.randint(0, vocab, (batch, args.context), generator=gen).to(dev)
-        ctx: dict = {}  # this batch's AR rows and oracle cells, filled as its cells run
+        ctx: dict = {}  # this batch's AR rows and references, filled when its AR cell runs
 
         def run_ar(cell, ids=ids, ctx=ctx):
             calls = measure(cell, lambda _: ours_prepare(target, None, ids, 0, k, None, engine_kw), units, -1, dev)
             ctx["ar"] = {u: calls[-1].rows for u in units}  # greedy: every call gives the same rows
-            ctx["refs"] = [row.tolist() + gen for row, gen in zip(ids.cpu(), calls[-1].rows)]
+            ctx["refs"] = [row.tolist() + new for row, new in zip(ids.cpu(), calls[-1].rows)]
 
         plan.append((new_cell(ORACLE, batch, OURS_AR, "ar"), run_ar))
+        oracles = {(n, p): new_cell(ORACLE, batch, ORACLE_ARM, "oracle", n, p) for n in args.n for p in args.accept}
         for n in args.n:
             for p in args.accept:
                 def run_oracle(cell, ids=ids, ctx=ctx, n=n, p=p, batch=batch):
@@ -204,21 +205,20 @@ def oracle_plan(args, target, draft, hf_model, engine_kw: dict) -> list[tuple[di
                                                       MAX_N + 1, p, vocab, dev)
                         return ours_prepare(target, oracle, ids, n, k, None, engine_kw)
                     measure(cell, prepare, units, -1, dev, ctx["ar"])
-                    ctx[n, p] = cell
 
-                plan.append((new_cell(ORACLE, batch, ORACLE_ARM, "oracle", n, p), run_oracle))
+                plan.append((oracles[n, p], run_oracle))
         for n in args.n:
             probe = new_cell(ORACLE, batch, PROJECTION_ARM, "projection", n)
             probe["projections"] = [new_cell(ORACLE, batch, PROJECTION_ARM, "projection", n, p) for p in args.accept]
 
-            def run_probe(cell, ids=ids, ctx=ctx, n=n):
+            def run_probe(cell, ids=ids, n=n, oracles=oracles):
                 res = run_ours(target, draft, ids, n, max(k, PROBE_MIN_TOKENS), PROBE_WARMUP_STEPS, engine_kw, 1)
                 ph = res["phases_ms"]
-                draft_ms = ph["draft_select"] if "draft_select" in ph else ph["draft"] + ph["select"]
+                draft_ms = cell["draft_ms"] = ph["draft_select"] if "draft_select" in ph else ph["draft"] + ph["select"]
                 for proj in cell["projections"]:
-                    src = ctx.get((n, proj["p"]))
-                    if src is None or src["status"] != "ok":
-                        proj["status"] = src["status"] if src else NOT_RUN_BUDGET
+                    src = oracles[n, proj["p"]]  # run (or skipped) before this probe
+                    if src["status"] != "ok":
+                        proj["status"] = src["status"]
                         continue
                     proj.update(tokens=list(src["tokens"]), steps=list(src["steps"]), tau=src["tau"],
                                 seconds=[s + st * draft_ms / 1e3 for s, st in zip(src["seconds"], src["steps"])],
@@ -464,8 +464,8 @@ def main(argv: list[str] | None = None) -> dict:
                 if cell["status"] != "ok" and proj["status"] == "ok":
                     proj["status"] = cell["status"]
             run["cells"] += cell.pop("projections")
-            run.setdefault("draft_probes", []).append({"batch": cell["batch"], "n": cell["n"],
-                                                       "status": cell["status"]})
+            run.setdefault("draft_probes", []).append({"batch": cell["batch"], "n": cell["n"], "status": cell["status"],
+                                                       "draft_ms": cell.get("draft_ms")})
         else:
             run["cells"].append(cell)
         save()

@@ -19,6 +19,18 @@ ORACLE_BASE = ["--shape", "tiny", "--device", "cpu", "--context", str(CONTEXT), 
                "--n", str(N), "--accept", "0,1", "--repeats", "2", "--n-resamples", "200"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Toy shapes gain nothing from a second thread, and on a 2-core machine with the other core busy
+    torch's two threads wait on each other (a toy call then takes seconds instead of milliseconds)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def table(md: str, title: str) -> dict[tuple[str, str, str], list[str]]:
     """Rows of the table under `## {title}` keyed by (arm, N, p), the other cells as strings."""
     body = md.split(f"## {title}", 1)[1].split("\n\n", 2)[1]
@@ -105,6 +117,8 @@ def test_projection_adds_the_measured_draft_time_per_step(oracle_run):
         assert c["seconds"] == pytest.approx([s + st * c["draft_ms"] / 1e3 for s, st in zip(src["seconds"],
                                                                                              src["steps"])])
         assert c["tokens_s"] < src["tokens_s"] and "projection" in c["notes"]
+        probe = next(d for d in raw["draft_probes"] if (d["batch"], d["n"]) == (c["batch"], c["n"]))
+        assert probe["status"] == "ok" and probe["draft_ms"] == c["draft_ms"]
 
 
 def test_paired_bootstrap_on_synthetic_cells():
@@ -227,3 +241,18 @@ def test_n_beyond_the_drafters_block_fails_clearly(tiny_drafter, capsys):
         bench.main(["--target", "tiny-qwen3", "--draft-path", str(tiny_drafter), "--device", "cpu", "--n", "3,8",
                     "--batch", "1", "--limit", "2", "--data-source", "local"])
     assert e.value.code == 2 and "N must be in 1..7" in capsys.readouterr().err
+
+
+def test_a_failing_arm_is_recorded_and_the_others_run(monkeypatch, tmp_path):
+    """An oracle arm that raises gets an error row, and so do its projections; every other arm runs."""
+    from dflash2.evaluation import oracle
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(oracle, "DeviceOracleProposer", broken)
+    run = bench.main(ORACLE_BASE + ["--batch", "1", "--accept", "1", "--json", str(tmp_path / "e.json")])
+    status = {c["arm"]: c["status"] for c in run["cells"]}
+    assert status[bench.ORACLE_ARM] == status[bench.PROJECTION_ARM] == "error: RuntimeError: boom"
+    assert status[OURS_AR] == status[HF_EAGER] == "ok"
+    assert json.loads((tmp_path / "e.json").read_text())["cells"] == json.loads(json.dumps(run["cells"]))
