@@ -17,8 +17,8 @@
   length) get integer ticks.
 
 Public: `print_summary`, `write_report`, `make_figures`, `figure_png`, `arm_colours`,
-`summary_rows`, `COLUMNS`, `end_to_end_rows`, `E2E_COLUMNS`, and the cell formatters `fmt_value`, `fmt_ci`, `fmt_p`, `fmt_pct`,
-`md_table` (shared with cross-run comparison reports).
+`summary_rows`, `COLUMNS`, `end_to_end_rows`, `E2E_COLUMNS`, and the cell formatters `fmt_value`,
+`fmt_ci`, `fmt_p`, `fmt_pct`, `md_table` (shared with cross-run comparison reports).
 """
 
 from __future__ import annotations
@@ -147,7 +147,8 @@ def _end_to_end_lines(summary: dict) -> list[str]:
     e2e = summary.get("end_to_end")
     if not e2e:
         return []
-    lines = [f"\nend to end ({_e2e_where(e2e)}; tokenize + generate + decode + score + write; resumed records not timed):"]
+    lines = [f"\nend to end ({_e2e_where(e2e)}; tokenize + generate + decode + score + write; "
+             "resumed records not timed):"]
     width = max((len(a) for a in e2e.get("per_arm", {})), default=0)
     for arm, e in e2e.get("per_arm", {}).items():
         n = e.get("samples", 0)
