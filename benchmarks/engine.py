@@ -209,23 +209,36 @@ def _run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_
             "tokens_step": out.stats()["tau_pooled"], "phases_ms": phases, "extra": extra}
 
 
-def run_hf(model, ids: torch.Tensor, new_tokens: int, compiled: bool, repeats: int) -> dict:
-    """HF `generate` per-step time by `wall_step_ms` over new_tokens - 1 steps, after one warm-up call."""
-    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, eos_token_id=None)
+def hf_generate(model, ids: torch.Tensor, max_new_tokens: int, compiled: bool, *,
+                attention_mask: torch.Tensor | None = None, eos_token_id: list[int] | None = None,
+                pad_token_id: int = 0) -> torch.Tensor:
+    """One greedy HF `generate` call, the peer of every benchmark: `compiled` = static cache +
+    `torch.compile` (transformers' generate-time compile, `CompileConfig(mode="reduce-overhead")`),
+    else eager with a DynamicCache. `ids`: `[B, P]` (left-padded where `attention_mask` [B, P] has
+    zeros; None = all ones). `eos_token_id` None: exactly `max_new_tokens` tokens per row; else rows
+    stop at any of those ids and are padded with `pad_token_id`. Returns `[B, P + new]` (HF's output)."""
+    from dflash2.engine.compiled import eager_forward
+
+    kw = dict(attention_mask=torch.ones_like(ids) if attention_mask is None else attention_mask, do_sample=False,
+              pad_token_id=pad_token_id, eos_token_id=eos_token_id)
+    if eos_token_id is None:
+        kw["min_new_tokens"] = max_new_tokens
     if compiled:
         from transformers import CompileConfig
 
         kw.update(cache_implementation="static", compile_config=CompileConfig(mode="reduce-overhead"))
     else:
         kw.update(disable_compile=True)
+    # The eager peer runs the stock code even where our arms compiled modules in place before
+    # (the compiled peer traces the whole model itself, inlining those modules).
+    with torch.no_grad(), eager_forward(not compiled):
+        return model.generate(ids, max_new_tokens=max_new_tokens, **kw)
 
-    from dflash2.engine.compiled import eager_forward
 
+def run_hf(model, ids: torch.Tensor, new_tokens: int, compiled: bool, repeats: int) -> dict:
+    """HF `generate` per-step time by `wall_step_ms` over new_tokens - 1 steps, after one warm-up call."""
     def call(n: int) -> None:
-        # The eager peer runs the stock code even where our arms compiled modules in place before
-        # (the compiled peer traces the whole model itself, inlining those modules).
-        with torch.no_grad(), eager_forward(not compiled):
-            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        hf_generate(model, ids, n, compiled)
 
     t0 = time.perf_counter()
     call(new_tokens)  # warm-up: compiles the decode forward for the compiled arm

@@ -12,7 +12,7 @@ figures (tau per drafter with CIs, tau ratios, per-position acceptance, the N sw
 curves) to `--out`: `dflash2.evaluation.compare` (docs/EXPERIMENTS.md, the ablation).
 
 Keys of an existing summary.json that come from the run rather than the records (`checks`,
-`run_id`, `prompt_format`) are kept.
+`run_id`, `prompt_format`, `end_to_end`: the runner's timing, which the records cannot rebuild) are kept.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-KEEP = ("checks", "run_id", "prompt_format")
+KEEP = ("checks", "run_id", "prompt_format", "end_to_end")
 
 
 def read_config(run_dir: Path) -> dict | None:

@@ -1,6 +1,8 @@
 """Reports from a summary (`dflash2.evaluation.stats.summarize`) and its records.
 
-- `print_summary(summary)`: the terminal table (one row per arm, then per dataset).
+- `print_summary(summary)`: the terminal table (one row per arm, then per dataset), then one
+  line per arm with its end-to-end ms per token when the summary has the runner's `end_to_end`
+  (`dflash2.evaluation.timing`; the report shows it as a table).
 - `write_report(out_dir, records, summary, config=None, predictions=None)`: `DIR/report.html`
   (self-contained: PNG plots embedded as base64) and `DIR/report.md` (the same tables; its
   plots are written to `DIR/plots/*.png` and linked, since Markdown viewers rarely show
@@ -15,8 +17,8 @@
   length) get integer ticks.
 
 Public: `print_summary`, `write_report`, `make_figures`, `figure_png`, `arm_colours`,
-`summary_rows`, `COLUMNS`, and the cell formatters `fmt_value`, `fmt_ci`, `fmt_p`, `fmt_pct`,
-`md_table` (shared with cross-run comparison reports).
+`summary_rows`, `COLUMNS`, `end_to_end_rows`, `E2E_COLUMNS`, and the cell formatters `fmt_value`,
+`fmt_ci`, `fmt_p`, `fmt_pct`, `md_table` (shared with cross-run comparison reports).
 """
 
 from __future__ import annotations
@@ -112,6 +114,53 @@ def summary_rows(summary: dict, dataset: str | None = None) -> list[list[str]]:
     return rows
 
 
+E2E_COLUMNS = ["arm", "samples timed", "tokens", "total s", "ms/token end to end", "ms/token generation",
+               "ms/sample", "host %", "analysis %"]
+
+
+def _num(v: Any, digits: int) -> str:
+    """`v` with `digits` decimals; "-" for None and NaN (nothing timed; NaN is null in summary.json)."""
+    return "-" if v is None or v != v else f"{v:.{digits}f}"
+
+
+def _pct(f: Any, digits: int = 1) -> str:
+    """A fraction as percent; "-" for None and NaN."""
+    return "-" if f is None or f != f else f"{100 * f:.{digits}f}"
+
+
+def _e2e_where(e2e: dict) -> str:
+    """Whose chunks `end_to_end` timed: "this process", or "rank r of K" in a sharded run."""
+    world = e2e.get("world_size", 1)
+    return f"rank {e2e.get('rank', 0)} of {world}" if world > 1 else "this process"
+
+
+def end_to_end_rows(summary: dict) -> list[list[str]]:
+    """Formatted rows (see `E2E_COLUMNS`) of the summary's `end_to_end`, one per arm; [] without it."""
+    per_arm = (summary.get("end_to_end") or {}).get("per_arm") or {}
+    return [[arm, str(e.get("samples", 0)), str(e.get("tokens", 0)), _num(e.get("total_s"), 3),
+             _num(e.get("ms_per_token"), 3), _num(e.get("generation_ms_per_token"), 3), _num(e.get("ms_per_sample"), 2),
+             _pct(e.get("host_fraction")), _pct(e.get("analysis_fraction"))] for arm, e in per_arm.items()]
+
+
+def _end_to_end_lines(summary: dict) -> list[str]:
+    """The terminal's end-to-end lines: a heading, then one line per arm."""
+    e2e = summary.get("end_to_end")
+    if not e2e:
+        return []
+    lines = [f"\nend to end ({_e2e_where(e2e)}; tokenize + generate + decode + score + write; "
+             "resumed records not timed):"]
+    width = max((len(a) for a in e2e.get("per_arm", {})), default=0)
+    for arm, e in e2e.get("per_arm", {}).items():
+        n = e.get("samples", 0)
+        if not n:
+            lines.append(f"  {arm:<{width}}  - ms/token end to end (0 samples timed)")
+            continue
+        lines.append(f"  {arm:<{width}}  {_num(e.get('ms_per_token'), 3)} ms/token end to end (generation "
+                     f"{_num(e.get('generation_ms_per_token'), 3)}, host {_pct(e.get('host_fraction'), 0)}%), "
+                     f"{_num(e.get('ms_per_sample'), 2)} ms/sample, {n} samples, {e.get('tokens', 0)} tokens timed")
+    return lines
+
+
 def _drop_empty(header: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
     """Drop columns that are "-" in every row (e.g. no accuracy on MT-Bench, no TOST at T = 0)."""
     keep = [i for i in range(len(header)) if i == 0 or any(r[i] != "-" for r in rows)] if rows else range(len(header))
@@ -127,7 +176,8 @@ def _text_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def print_summary(summary: dict, file: TextIO | None = None) -> None:
-    """Print the terminal summary: overall table, one table per dataset, notes and conventions."""
+    """Print the terminal summary: overall table, one table per dataset, one end-to-end line per
+    arm (when the summary has the runner's `end_to_end`), then the notes."""
     out = file or sys.stdout
     temps = ", ".join(f"{t:g}" for t in summary.get("temperatures", []))
     print(f"\n{summary['n_samples']} samples ({', '.join(summary['datasets'])}), T = {temps}; "
@@ -137,6 +187,8 @@ def print_summary(summary: dict, file: TextIO | None = None) -> None:
         for ds in summary["datasets"]:
             print(f"\n[{ds}]", file=out)
             print(_text_table(COLUMNS, summary_rows(summary, ds)), file=out)
+    for line in _end_to_end_lines(summary):
+        print(line, file=out)
     for note in summary.get("notes", []):
         print(f"note: {note}", file=out)
 
@@ -381,6 +433,11 @@ def _sections(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                    json.dumps(v, default=str)[:300]] for k, v in checks.items()]
     if check_rows:  # added by the runner (eval/run.py) beside the statistics
         out.insert(0, ("Run checks", ["check", "result", "details"], check_rows))
+    e2e = summary.get("end_to_end")
+    if e2e and e2e.get("per_arm"):  # added by the runner too: this process's timed chunks
+        out.append((f"End to end per arm ({_e2e_where(e2e)}: tokenize + generate + decode + score + write; "
+                    f"{e2e.get('samples', 0)} samples timed, resumed records not timed)", E2E_COLUMNS,
+                    end_to_end_rows(summary)))
     if disc:
         out.append(("Discordant correctness (McNemar)", ["arm", "sample", "correct in"], disc))
     if deps:

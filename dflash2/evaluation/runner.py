@@ -15,6 +15,10 @@ share of the items and appends to its own shard file; rank 0 merges them (`run.p
 Per distinct output, one extra target forward gives the mean log-probability of the tokens;
 for outputs that depart from the AR arm's, the AR sequence's forward gives the target's
 top-1/top-2 logit margin at the first differing position (near-ties vs. bugs).
+
+Each (arm, chunk) generated in this process is also timed end to end, tokenization to the
+fsynced record, with the generation call, the scorers and those extra forwards apart
+(`timing.ArmTiming`, `EvalRunner.timings`); `finish` puts it into summary.json's `end_to_end`.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from dflash2.evaluation.records import RECORDS, append_records
 from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval
 from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion, load_judge
 from dflash2.evaluation.sharding import SHARDS_DIR, Shard, existing_records, shard_file, shard_of
+from dflash2.evaluation.timing import ArmTiming, summarize_end_to_end
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +109,10 @@ class EvalRunner:
         out_dir: the prepared output directory.
         shard: this process's `sharding.Shard` (rank, world size, device); None = one process
             on `cfg.hardware`'s device.
+
+    Attributes:
+        timings: arm label -> `timing.ArmTiming` of the chunks `run` generated in this process
+            (records read back on resume are not in it); `end_to_end()` summarises it.
     """
 
     def __init__(self, cfg, out_dir: str | Path, shard=None):
@@ -129,6 +138,7 @@ class EvalRunner:
                                     max_processes=cfg.sandbox.max_processes)
         self._exec_cache: dict[tuple[str, str], dict] = {}
         self._ar_top: dict[str, tuple[list, list]] = {}  # sample_id -> AR top-2 logits/ids per position
+        self.timings = {a.label: ArmTiming() for a in self.arms}
 
     # ------------------------------------------------------------------ setup
     def _load_draft(self):
@@ -287,7 +297,10 @@ class EvalRunner:
                     todo = [(it, t) for it, t in chunk if (arm.label, it.sample_id(t)) not in done]
                     if not todo:
                         continue
-                    for rec in self._run_arm(arm, todo, ar_by_id):
+                    timing = self.timings[arm.label]
+                    t0 = self._clock()  # end to end: from before the prompts are built ...
+                    recs = self._run_arm(arm, todo, ar_by_id, timing)
+                    for rec in recs:
                         rec.update(where, batch=f"{p}/{c}")  # the same key for every arm of this chunk
                         append_records(rec_path, [rec])  # validated, fsynced: a kill tears at most this line
                         records.append(rec)
@@ -295,8 +308,13 @@ class EvalRunner:
                         if arm.kind == "ar":
                             ar_by_id[rec["sample_id"]] = rec
                         bar.update(1)
+                    timing.add_chunk(self._clock() - t0, recs)  # ... to after its last record is fsynced
         bar.close()
         return records
+
+    def end_to_end(self) -> dict:
+        """summary.json's `end_to_end` for this process (`timing.summarize_end_to_end`)."""
+        return summarize_end_to_end(self.timings, rank=self.shard.rank, world_size=self.shard.world)
 
     def _warmup(self) -> None:
         """One short untimed generation per arm kind, so one-time setup (allocations, kernel
@@ -320,7 +338,11 @@ class EvalRunner:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def _run_arm(self, arm: Arm, todo: list[tuple[ds.EvalItem, int]], ar_by_id: dict[str, dict]) -> list[dict]:
+    def _run_arm(self, arm: Arm, todo: list[tuple[ds.EvalItem, int]], ar_by_id: dict[str, dict],
+                 timing: ArmTiming | None = None) -> list[dict]:
+        """One generation call of `arm` over `todo` (one chunk); returns one record per row.
+        With `timing`, adds the call's wall, the scorers' and the extra target forwards' seconds
+        to it (the caller adds the end-to-end time and the counts)."""
         from dflash2.engine import speculative_generate
 
         cfg = self.cfg
@@ -350,11 +372,14 @@ class EvalRunner:
                 raise RuntimeError("exact=true but this engine has no exact mode; set exact=false") from e
             raise
         wall = self._clock() - t0
+        score_s = analysis_s = 0.0
         recs = []
         for b, ((item, turn), sid) in enumerate(zip(todo, sids)):
             gen = out.generated[b].tolist()
             text = self.tok.decode(gen, skip_special_tokens=True)
+            t_score = time.perf_counter()
             correct, extra = self._score(item, text)
+            score_s += time.perf_counter() - t_score
             rec = {
                 "run_id": self.run_id, "arm": arm.label, "arm_kind": arm.kind,
                 "num_speculative_tokens": arm.num_speculative_tokens, "temperature": float(cfg.temperature),
@@ -368,11 +393,19 @@ class EvalRunner:
                                      if self.draft is not None and arm.kind in ("spec", "selector_off") else None),
                 "exact_block_size": self.exact_width, **extra,
             }
+            t_compare = self._clock()
             self._compare(rec, prompts[b], ar_by_id.get(sid))
+            analysis_s += self._clock() - t_compare
             if self.judge is not None and item.dataset == "mt_bench":
+                t_score = time.perf_counter()
                 answers = [ar_by_id[item.sample_id(t)]["text"] for t in range(1, turn)] + [text]
                 rec["judge_score"] = float(self.judge(item.raw, answers))
+                score_s += time.perf_counter() - t_score
             recs.append(rec)
+        if timing is not None:
+            timing.generation_s += wall
+            timing.score_s += score_s
+            timing.analysis_s += analysis_s
         return recs
 
     def _compare(self, rec: dict, prompt: list[int], ar: dict | None) -> None:
@@ -445,6 +478,7 @@ def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = 
     summary["exact_block_size"] = widths[0] if len(widths) == 1 else (widths or None)
     if runner is not None:
         summary["run_id"], summary["prompt_format"] = runner.run_id, runner.fmt.to_dict()
+        summary["end_to_end"] = runner.end_to_end()  # this process's timed chunks (rank 0's when sharded)
     from dflash2.evaluation.cost import add_to_summary
 
     predictions = add_to_summary(summary, records)  # summary["cost_model"] (in-sample) + a note

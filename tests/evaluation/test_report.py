@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from dflash2.evaluation.report import make_figures, print_summary, write_report
-from dflash2.evaluation.stats import summarize
+from dflash2.evaluation.stats import summarize, to_jsonable
+from dflash2.evaluation.timing import ArmTiming, summarize_end_to_end
 from tests.evaluation.synthetic import synthetic_records
 
 
@@ -59,6 +60,35 @@ def test_html_is_self_contained_with_readable_pngs(run, tmp_path):
         assert (tmp_path / link).is_file()
 
 
+def test_end_to_end_line_per_arm_and_table(run, tmp_path):
+    recs, s = run
+    timed = ArmTiming(samples=3, chunks=3, tokens=120, total_s=0.096, generation_s=0.072, score_s=0.006,
+                      analysis_s=0.0096)
+    e2e = summarize_end_to_end({"ar": timed, "dflash2@N=5": ArmTiming()}, rank=0, world_size=1)
+    e = e2e["per_arm"]["ar"]
+    assert (e["ms_per_token"], e["generation_ms_per_token"], e["ms_per_sample"]) == pytest.approx((0.8, 0.6, 32.0))
+    assert e["host_s"] == pytest.approx(0.0144) and e["host_fraction"] == pytest.approx(0.15)
+    untimed = e2e["per_arm"]["dflash2@N=5"]
+    assert untimed["samples"] == 0 and untimed["ms_per_token"] != untimed["ms_per_token"]  # NaN: nothing timed
+    for summary in ({**s, "end_to_end": e2e}, {**s, "end_to_end": to_jsonable(e2e)}):  # in memory; as read back
+        buf = io.StringIO()
+        print_summary(summary, file=buf)
+        lines = buf.getvalue().splitlines()
+        ar = next(ln for ln in lines if ln.startswith("  ar "))
+        assert "0.800 ms/token end to end (generation 0.600, host 15%), 32.00 ms/sample, 3 samples" in ar
+        assert any(ln.startswith("  dflash2@N=5 ") and "- ms/token end to end (0 samples timed)" in ln for ln in lines)
+        page = write_report(tmp_path, recs, summary).read_text()
+        assert "End to end per arm (this process" in page and "3 samples timed" in page
+        cells = ["ar", "3", "120", "0.096", "0.800", "0.600", "32.00", "15.0", "10.0"]
+        assert "".join(f"<td>{c}</td>" for c in cells) in page
+        assert "<td>dflash2@N=5</td><td>0</td><td>0</td><td>0.000</td><td>-</td>" in page
+    buf = io.StringIO()
+    print_summary(s, file=buf)  # a summary rebuilt from records alone has no end_to_end: no lines
+    assert "end to end" not in buf.getvalue() and "End to end" not in write_report(tmp_path, recs, s).read_text()
+    sharded = summarize_end_to_end({"ar": timed}, rank=0, world_size=2)
+    assert "End to end per arm (rank 0 of 2" in write_report(tmp_path, recs, {**s, "end_to_end": sharded}).read_text()
+
+
 def test_optional_plots(run, tmp_path):
     recs, s = run
     figs = make_figures(s)
@@ -82,11 +112,15 @@ def test_eval_report_script_rebuilds_from_records(run, tmp_path, capsys):
     spec.loader.exec_module(mod)
     lines = [json.dumps(r) for r in recs]
     (tmp_path / "records.jsonl").write_text("\n".join(lines) + "\n" + lines[0][:40])  # torn last line
-    (tmp_path / "summary.json").write_text(json.dumps({"checks": {"identical_to_ar": {"passed": True}}}))
+    e2e = to_jsonable(summarize_end_to_end({"ar": ArmTiming(samples=2, chunks=2, tokens=20, total_s=0.5,
+                                                            generation_s=0.4)}))
+    (tmp_path / "summary.json").write_text(json.dumps({"checks": {"identical_to_ar": {"passed": True}},
+                                                       "end_to_end": e2e}))
     (tmp_path / "preds.json").write_text(json.dumps({"dflash2@N=5": 2.0}))
     out = mod.main([str(tmp_path), "--n-resamples", "200", "--predictions", str(tmp_path / "preds.json")])
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["checks"] == {"identical_to_ar": {"passed": True}}  # the run's own keys are kept
+    assert saved["end_to_end"] == e2e  # the runner's timing cannot be rebuilt from records
     assert saved["per_arm"]["dflash2@N=5"]["overall"]["tau_pooled"] == s["per_arm"]["dflash2@N=5"]["overall"][
         "tau_pooled"] == out["per_arm"]["dflash2@N=5"]["overall"]["tau_pooled"]
     assert (tmp_path / "plots" / "predicted_vs_measured_speedup.png").is_file()

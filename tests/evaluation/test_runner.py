@@ -1,7 +1,8 @@
 """The runner: oracle and selector-off arms through the real engine, per-sample seeds,
 departure margins, torn records, run identity on resume, and `eval/run.py experiment=tiny_cpu`
 end to end (SIGKILLed mid-run, a torn last line added, resumed: the records equal an
-uninterrupted run's and none written before the kill is lost; W&B offline for real)."""
+uninterrupted run's and none written before the kill is lost; W&B offline for real); the
+end-to-end time per arm covers exactly the records a process generated."""
 
 import copy
 import json
@@ -211,6 +212,9 @@ def test_tiny_cpu_end_to_end_killed_and_resumed(tmp_path):
     assert sum(map(sum, (r["accepted"] for r in oracle))) / sum(r["steps"] for r in oracle) >= 1.0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["checks"]["oracle_min_accepted"]["passed"] and summary["checks"]["identical_to_ar"]["passed"]
+    # The resumed process timed only what it generated; the killed one's records are not timed.
+    assert summary["end_to_end"]["samples"] == len(records) - len(before)
+    assert done.stdout.count("ms/token end to end") == 4
     assert (out / "report.html").stat().st_size > 1000 and (out / "run.json").exists()
 
     from dflash2.evaluation.wandb_log import read_offline_run
@@ -220,6 +224,60 @@ def test_tiny_cpu_end_to_end_killed_and_resumed(tmp_path):
     logged = read_offline_run(str(runs[-1]))["summary"]
     tau = summary["per_arm"]["oracle@N=3"]["overall"]["tau_pooled"]
     assert logged["oracle@N=3/tau_pooled"] == pytest.approx(tau)
+
+
+def _e2e_run(out: Path, capsys, resume: bool) -> tuple[dict, str]:
+    """A tiny in-process run (or resume) of `TINY`: its summary.json and what it printed."""
+    from tests.evaluation.test_eval_configs import _compose
+
+    from dflash2.evaluation.run import run_eval
+
+    capsys.readouterr()
+    run_eval(_compose([*TINY, f"output_dir={out}", "hardware.num_threads=1", f"resume={str(resume).lower()}"]), out,
+             job_name="eval")
+    return json.loads((out / "summary.json").read_text()), capsys.readouterr().out
+
+
+def test_end_to_end_time_covers_the_records_this_process_generated(tmp_path, capsys):
+    out = tmp_path / "run"
+    summary, printed = _e2e_run(out, capsys, resume=False)
+    records = read_records(out / "records.jsonl")
+    e2e = summary["end_to_end"]
+    assert list(e2e["per_arm"]) == summary["arms"] and (e2e["rank"], e2e["world_size"]) == (0, 1)
+    assert e2e["samples"] == len(records) == 16
+    for arm, e in e2e["per_arm"].items():
+        mine = [r for r in records if r["arm"] == arm]
+        assert e["samples"] == len(mine) == 4 and e["chunks"] == 4  # batch_size 1: one chunk per sample
+        assert e["tokens"] == sum(len(r["tokens"]) for r in mine) > 0
+        # Nested intervals of one clock: the chunk holds the call, the scorers and the extra forwards.
+        assert e["generation_s"] == pytest.approx(sum(r["wall_s"] for r in mine), rel=1e-9)
+        assert e["total_s"] >= e["generation_s"] + e["score_s"] + e["analysis_s"] and e["generation_s"] > 0
+        assert e["host_s"] == pytest.approx(e["total_s"] - e["generation_s"] - e["analysis_s"])
+        assert e["ms_per_token"] == pytest.approx(1e3 * e["total_s"] / e["tokens"])
+        assert e["ms_per_token"] >= e["generation_ms_per_token"] > 0 and 0 <= e["host_fraction"] <= 1
+        assert e["ms_per_sample"] == pytest.approx(1e3 * e["total_s"] / 4)
+        line = next(ln for ln in printed.splitlines() if ln.startswith(f"  {arm} "))
+        assert f"{e['ms_per_token']:.3f} ms/token end to end" in line and "4 samples" in line
+    assert "End to end per arm" in (out / "report.html").read_text()
+
+    # Resumed after losing the last 5 records: only those 5 are generated, and only they are timed.
+    lines = (out / "records.jsonl").read_text().splitlines(keepends=True)
+    (out / "records.jsonl").write_text("".join(lines[:-5]))
+    lost = [json.loads(ln)["arm"] for ln in lines[-5:]]
+    summary, _ = _e2e_run(out, capsys, resume=True)
+    assert len(read_records(out / "records.jsonl")) == 16
+    assert {a: e["samples"] for a, e in summary["end_to_end"]["per_arm"].items()} == {a: lost.count(a)
+                                                                                     for a in summary["arms"]}
+
+    # Resumed with nothing left to do: 0 samples timed, NaN rates as null, the line still printed.
+    summary, printed = _e2e_run(out, capsys, resume=True)
+    e2e = summary["end_to_end"]
+    assert e2e["samples"] == 0 and summary["n_samples"] == 4
+    for arm, e in e2e["per_arm"].items():
+        assert (e["samples"], e["tokens"], e["total_s"]) == (0, 0, 0.0)
+        assert e["ms_per_token"] is None and e["ms_per_sample"] is None and e["host_fraction"] is None
+        assert f"  {arm} " in printed
+    assert printed.count("- ms/token end to end (0 samples timed)") == len(e2e["per_arm"])
 
 
 def test_checks_pass_fail_and_skip_when_sampling():
