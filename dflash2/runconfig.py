@@ -463,3 +463,24 @@ def register_shared_groups(root: str | os.PathLike | None = None) -> None:
     for group in SHARED_GROUPS:
         for path in sorted((base / group).glob("*.yaml")):
             cs.store(group=group, name=path.stem, node=OmegaConf.load(path))
+
+
+def target_spec(target: str, *, dtype: str | None = None, tokenizer: str | None = None):
+    """`TargetSpec` for a preset name (`configs/target/<name>.yaml`), a `.gguf` file, or a hub
+    id / directory."""
+    from omegaconf import OmegaConf
+
+    preset = configs_dir() / "target" / f"{target}.yaml"
+    if preset.is_file():
+        spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TargetSpec), OmegaConf.load(preset)))
+    elif target.endswith(".gguf"):
+        if not Path(target).is_file():
+            raise FileNotFoundError(f"target={target}: no such GGUF file")
+        spec = TargetSpec(name=Path(target).stem, source="gguf", path=target, tokenizer=None)
+    else:
+        spec = TargetSpec(name=target, source="hub", path=target, tokenizer=None)
+    if dtype:
+        spec.dtype = dtype
+    if tokenizer:
+        spec.tokenizer = tokenizer
+    return spec

@@ -35,34 +35,13 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from dflash2.runconfig import target_spec  # noqa: F401 (part of this module's API)
+
 log = logging.getLogger(__name__)
 
 
 def _none(v: Any) -> bool:
     return v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "null", "ar"))
-
-
-def target_spec(target: str, *, dtype: str | None = None, tokenizer: str | None = None):
-    """`TargetSpec` for a preset name (`configs/target/<name>.yaml`), a `.gguf` file, or a hub
-    id / directory."""
-    from omegaconf import OmegaConf
-
-    from dflash2.runconfig import TargetSpec, configs_dir
-
-    preset = configs_dir() / "target" / f"{target}.yaml"
-    if preset.is_file():
-        spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TargetSpec), OmegaConf.load(preset)))
-    elif target.endswith(".gguf"):
-        if not Path(target).is_file():
-            raise FileNotFoundError(f"target={target}: no such GGUF file")
-        spec = TargetSpec(name=Path(target).stem, source="gguf", path=target, tokenizer=None)
-    else:
-        spec = TargetSpec(name=target, source="hub", path=target, tokenizer=None)
-    if dtype:
-        spec.dtype = dtype
-    if tokenizer:
-        spec.tokenizer = tokenizer
-    return spec
 
 
 class DFlash2LM(TemplateLM):

@@ -157,7 +157,7 @@ def test_hf_tokens_count_up_to_the_first_stop():
 @pytest.fixture(scope="module")
 def tiny_drafter(tmp_path_factory):
     """A small random DFlash2 drafter (block 8) for the `tiny-qwen3` target preset, saved as a checkpoint."""
-    from dflash2.evaluation.lm_eval import target_spec
+    from dflash2.runconfig import target_spec
     from dflash2.runconfig import DraftSpec, load_target, new_draft
 
     target, tok = load_target(target_spec("tiny-qwen3"), "cpu")
@@ -256,3 +256,16 @@ def test_a_failing_arm_is_recorded_and_the_others_run(monkeypatch, tmp_path):
     assert status[bench.ORACLE_ARM] == status[bench.PROJECTION_ARM] == "error: RuntimeError: boom"
     assert status[OURS_AR] == status[HF_EAGER] == "ok"
     assert json.loads((tmp_path / "e.json").read_text())["cells"] == json.loads(json.dumps(run["cells"]))
+
+
+def test_real_mode_loads_without_lm_eval():
+    """The device has no lm-eval: the benchmark and the target-spec resolution must not need it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['lm_eval'] = None\n"
+            "import benchmarks.throughput\n"
+            "from dflash2.runconfig import target_spec\n"
+            "assert target_spec('smollm2-135m').source == 'gguf'\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
