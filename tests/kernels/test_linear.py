@@ -90,6 +90,25 @@ def test_row_alone_equals_row_in_a_batch_bitwise(dtype, config, triton_device):
     assert torch.equal(small_m_linear(noise, w, b, impl="triton", config=config)[0], full[0])
 
 
+@pytest.mark.parametrize("config", [TILINGS[1], LinearConfig(16, 16, 3)], ids=[TILING_IDS[1], "split3"])
+def test_row_tiles_past_max_rows_keep_each_rows_bits(config, triton_device):
+    """With `max_rows=None` the kernel takes any number of rows in tiles of `MAX_ROWS`: a row gives
+    the same bits alone, in its first tile and in the third, among any neighbours, and every row
+    matches the reference (exact mode routes every row count through it)."""
+    rows = 2 * MAX_ROWS + 9  # three row tiles, the last one partial
+    x, w, b = _operands(rows, 37, 70, torch.bfloat16, triton_device)
+    full = small_m_linear(x, w, b, impl="triton", config=config, max_rows=None)
+    assert full.shape == (rows, 37)
+    alone = torch.cat([small_m_linear(x[i:i + 1], w, b, impl="triton", config=config) for i in range(rows)])
+    assert torch.equal(full, alone), "a row's bits changed with its row tile or its neighbours"
+    shifted = small_m_linear(x[5:], w, b, impl="triton", config=config, max_rows=None)  # other tiles
+    assert torch.equal(shifted, full[5:])
+    ref = linear_reference(x.float(), w.float(), b.float())
+    assert (full.float() - ref).abs().max() <= 0.02 * ref.abs().max() + 1e-2
+    with pytest.raises(ValueError, match="rows"):
+        small_m_linear(x, w, b, impl="triton", config=config)  # the default cap: one row tile
+
+
 def test_repeated_calls_are_deterministic(triton_device):
     x, w, b = _operands(9, 37, 70, torch.bfloat16, triton_device)
     config = LinearConfig(16, 16, 3)
@@ -189,6 +208,12 @@ def test_mode_routes_only_what_it_should(monkeypatch, triton_device):
     assert not mode.tickets.any()  # every split call left its counters at zero
     assert mode.routes(x.to(dt), layer.weight.detach(), None)
     assert not mode.routes(x.to("meta"), layer.weight.detach().to("meta"), None)  # other device type
+    # max_rows=None (exact mode) routes past one row tile too; a bad cap is refused.
+    uncapped = SmallMLinearMode("triton", triton_device, max_rows=None)
+    big = torch.randn(MAX_ROWS + 1, 40, device=triton_device)
+    assert uncapped.routes(big, layer.weight.detach(), None) and not mode.routes(big, layer.weight.detach(), None)
+    with pytest.raises(ValueError, match="max_rows"):
+        SmallMLinearMode("triton", triton_device, max_rows=0)
 
 
 LOGITS_RTOL = 1e-4  # fp32 linears that differ from cuBLAS / CPU in summation order only, one layer deep

@@ -1,4 +1,4 @@
-"""Small-M linear: `F.linear` for at most 32 rows, streaming the weights once.
+"""Small-M linear: `F.linear` at decode and verify sizes, streaming the weights once per 32 rows.
 
 At decode and verify sizes (M = 1..32 rows of a Qwen3-8B-shaped target) a linear layer is a
 read of its weight matrix (`python -m benchmarks.linear` times this kernel and cuBLAS against
@@ -9,9 +9,11 @@ and an optional split over K whose partials the last split to finish sums in a f
 
 Guarantees of the Triton path:
 - **Row invariance.** The tiling (`LinearConfig`) is chosen from `(N, K, dtype, SM count)`,
-  never from the number of rows, and rows do not interact, so row i of the output is
-  bit-identical whether `x` holds that row alone or with up to 31 others (a batch-invariant
-  linear, as exact mode needs).
+  never from the number of rows; rows do not interact, and every tile of `MAX_ROWS` rows runs the
+  same code, so row i of the output is bit-identical whether `x` holds that row alone or with any
+  number of others (a batch-invariant linear, as exact mode needs). Past `MAX_ROWS` rows each row
+  tile reads the weights again (through L2 when its neighbours read the same tile), so the
+  kernel is for decode and verify sizes; callers cap the rows they route (`max_rows`).
 - **Deterministic.** The same inputs give the same bits on every call: with a split, an
   atomic ticket only decides which program adds the partials, never the order they are added in.
 - **Accuracy.** fp32 accumulation, one rounding to `x`'s dtype at the end (bias added in
@@ -100,10 +102,10 @@ def default_config(n: int, k: int, dtype: torch.dtype, sm_count: int = _DEFAULT_
     return LinearConfig(block_n=block_n, block_k=block_k, split_k=split)
 
 
-def kernel_fits(rows: int, n: int, k: int, dtype: torch.dtype) -> bool:
+def kernel_fits(rows: int, n: int, k: int, dtype: torch.dtype, max_rows: int | None = MAX_ROWS) -> bool:
     """Whether the Triton kernel takes `rows` rows of `x [rows, k]` against `weight [n, k]` of
-    `dtype`: 1..`MAX_ROWS` rows, non-empty `n` and `k`, a dtype in `DTYPES`."""
-    return 1 <= rows <= MAX_ROWS and n >= 1 and k >= 1 and dtype in DTYPES
+    `dtype`: 1..`max_rows` rows (None: any number), non-empty `n` and `k`, a dtype in `DTYPES`."""
+    return 1 <= rows and (max_rows is None or rows <= max_rows) and n >= 1 and k >= 1 and dtype in DTYPES
 
 
 def _split_chunk(k: int, block_k: int, split_k: int) -> tuple[int, int]:
@@ -122,23 +124,24 @@ def ticket_buffer(device: torch.device | str, size: int = TICKETS) -> torch.Tens
 
 def _small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                            config: LinearConfig, tickets: torch.Tensor | None = None) -> torch.Tensor:
-    """The Triton path on `x [M, K]` (M <= MAX_ROWS, unit stride along K), `weight [N, K]`
+    """The Triton path on `x [M, K]` (any M >= 1, unit stride along K), `weight [N, K]`
     (unit stride along K), `bias [N] | None`; returns a new `[M, N]` tensor of `x.dtype`.
-    `tickets` (split K only): a `ticket_buffer` with at least one counter per column tile; None
-    zeroes a fresh one."""
+    `tickets` (split K only): a `ticket_buffer` with at least one counter per (row tile, column
+    tile); None (or a smaller one) zeroes a fresh one."""
     m, k = x.shape
     n = weight.shape[0]
     chunk, splits = _split_chunk(k, config.block_k, config.split_k)
     tiles = -(-n // config.block_n)
+    row_tiles = -(-m // MAX_ROWS)
     pdl = config.pdl and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if splits > 1:
         part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)  # [split, M, N]
-        if tickets is None or tickets.numel() < tiles:
-            tickets = ticket_buffer(x.device, tiles)
+        if tickets is None or tickets.numel() < tiles * row_tiles:
+            tickets = ticket_buffer(x.device, tiles * row_tiles)
     else:
         part = tickets = out  # never read with one split
-    _tk._small_m_linear_kernel[(tiles, splits)](
+    _tk._small_m_linear_kernel[(row_tiles, tiles, splits)](
         x, weight, bias if bias is not None else weight, out, part, tickets, m, n, k, chunk,
         x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLITS=splits,
@@ -159,8 +162,8 @@ def _check_operands(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                    impl: str = "torch", config: LinearConfig | None = None,
-                   tickets: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for `x [..., K]` with at most `MAX_ROWS` rows in all.
+                   tickets: torch.Tensor | None = None, max_rows: int | None = MAX_ROWS) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for `x [..., K]` with at most `max_rows` rows in all.
 
     Args:
         x: `[..., K]`, any leading shape (`[M, K]`, `[B, T, K]`); bf16, fp16 or fp32.
@@ -173,6 +176,8 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
             row invariance.
         tickets: for tilings that split K, a `ticket_buffer` on `x`'s device (reused, stream-
             ordered calls only); None zeroes a fresh one per call (one memset more).
+        max_rows: the most rows taken (default `MAX_ROWS`, one row tile); None takes any number
+            (exact mode: the row invariance holds across row tiles).
     Returns:
         `[..., N]` in `x`'s dtype.
     Raises:
@@ -188,8 +193,8 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         raise RuntimeError("impl='triton' needs the triton package; use impl='torch'")
     k, n = x.shape[-1], weight.shape[0]
     rows = x.numel() // k if k else 0
-    if not kernel_fits(rows, n, k, x.dtype):
-        raise ValueError(f"the small-M kernel takes 1..{MAX_ROWS} rows of a {DTYPES} input, got {rows} rows of "
+    if not kernel_fits(rows, n, k, x.dtype, max_rows):
+        raise ValueError(f"the small-M kernel takes 1..{max_rows or 'any'} rows of a {DTYPES} input, got {rows} rows of "
                          f"{x.dtype} (K={k}, N={n}); use impl='torch'")
     if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         raise ValueError(f"x, weight and bias must share a dtype, got {x.dtype}, {weight.dtype}, "
@@ -231,7 +236,7 @@ class SmallMLinearMode(TorchFunctionMode):
     fits and `F.linear` itself everywhere else, so stock `nn.Linear` modules (the target's
     q/k/v/o, MLP and head) use the kernel without modeling code of ours.
 
-    Routed (`routes`): `impl == "triton"`; input `x` of 2 or 3 dims with 1..`MAX_ROWS` rows
+    Routed (`routes`): `impl == "triton"`; input `x` of 2 or 3 dims with 1..`max_rows` rows
     (product of the leading dims) on the device type the impl was resolved for; weight `[N, K]`
     with unit stride along K; one dtype in `DTYPES` for x, weight and bias; nothing that needs
     grad. With `impl == "torch"` the mode routes nothing (a no-op, so callers need no branch).
@@ -241,6 +246,9 @@ class SmallMLinearMode(TorchFunctionMode):
         device: the device the model runs on; its SM count picks the tilings once.
         configs: optional tilings by `(N, K)` (from `python -m benchmarks.linear --sweep`); other
             shapes take `default_config`.
+        max_rows: the most rows routed (default `MAX_ROWS`: decode and verify blocks, where the
+            kernel beats cuBLAS); None routes every row count (exact mode, for the row
+            invariance across any batch).
 
     The mode's only state is its split-K `tickets` (zero between calls, so it may be captured in
     CUDA graphs and replayed); calls through one mode must be stream-ordered. The CUDA-graph
@@ -251,11 +259,13 @@ class SmallMLinearMode(TorchFunctionMode):
     """
 
     def __init__(self, impl: str, device: torch.device | str,
-                 configs: dict[tuple[int, int], LinearConfig] | None = None) -> None:
+                 configs: dict[tuple[int, int], LinearConfig] | None = None, max_rows: int | None = MAX_ROWS) -> None:
         super().__init__()
         if impl not in ("torch", "triton"):
             raise ValueError(f"impl must be a resolved 'torch' or 'triton', got {impl!r}")
-        self.impl = impl
+        if max_rows is not None and max_rows < 1:
+            raise ValueError(f"max_rows must be None or >= 1, got {max_rows}")
+        self.impl, self.max_rows = impl, max_rows
         self.device = torch.device(device)
         self.sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
                          if self.device.type == "cuda" else _DEFAULT_SMS)
@@ -273,7 +283,8 @@ class SmallMLinearMode(TorchFunctionMode):
         if self.impl != "triton" or x.dim() not in (2, 3) or weight.dim() != 2:
             return False
         k = x.shape[-1]
-        if k != weight.shape[1] or not kernel_fits(x.numel() // max(k, 1), weight.shape[0], k, x.dtype):
+        if k != weight.shape[1] or not kernel_fits(x.numel() // max(k, 1), weight.shape[0], k, x.dtype,
+                                                    self.max_rows):
             return False
         if x.device.type != self.device.type or weight.device != x.device or weight.dtype != x.dtype:
             return False
@@ -294,7 +305,8 @@ class SmallMLinearMode(TorchFunctionMode):
                 config = self.config_for(weight.shape[0], weight.shape[1], x.dtype)
                 if torch.compiler.is_compiling():  # traced by dynamo: the opaque operator, same kernel
                     return _compiled_call(x, weight, bias, config, self.tickets)
-                return small_m_linear(x, weight, bias, impl="triton", config=config, tickets=self.tickets)
+                return small_m_linear(x, weight, bias, impl="triton", config=config, tickets=self.tickets,
+                                      max_rows=self.max_rows)
         return func(*args, **kwargs)
 
 

@@ -1,14 +1,16 @@
 # Small-M linear, y[m, n] = sum_k x[m, k] * W[n, k] + b[n], streaming the weights once.
 #
-# W is [N, K] with K contiguous (the nn.Linear layout), x is [M, K] with M <= BLOCK_M rows.
-# Stage 1, one program per (output-column tile t, K split s): it owns the BLOCK_N columns
+# W is [N, K] with K contiguous (the nn.Linear layout), x is [M, K]: BLOCK_M rows per row tile r,
+# ceil(M / BLOCK_M) row tiles. The row tile is the fastest-varying program index, so the programs
+# of one weight tile run next to each other and share its reads through L2.
+# Stage 1, one program per (row tile r, output-column tile t, K split s): it owns the BLOCK_N columns
 # n = t * BLOCK_N + [0, BLOCK_N) and the K range [s * k_chunk, min((s + 1) * k_chunk, K)),
 # walks that range in BLOCK_K chunks (wide loads of the W tile [BLOCK_N, BLOCK_K], pipelined
 # num_stages deep), and keeps the partial sums of all BLOCK_M rows in registers as the
 # transposed tile acc[n, m] = sum_k W[n, k] x[m, k] (W is the MMA's A operand, so the tile's
 # long side BLOCK_N is the MMA's M side and the few rows of x its N side: "swap AB").
 # With one split the program adds the bias and writes y. With several it writes its fp32
-# partial to part[s, m, n] and takes a ticket (an atomic counter per column tile, zero between
+# partial to part[s, m, n] and takes a ticket (an atomic counter per (row tile, column tile), zero between
 # calls); the program that draws the last ticket reads all partials back, sums them in the fixed
 # order s = 0, 1, ..., adds the bias, rounds once, writes y and sets the counter back to zero.
 # Which program finishes last varies from run to run; the order of the sum does not, so the
@@ -16,9 +18,9 @@
 #
 # Row invariance: nothing in the kernel depends on M or on another row's values. BLOCK_M is
 # fixed by the launcher (not chosen from M), M is not specialized (one binary for all M),
-# masked rows are zeros, each output element is one fixed sequence of MMAs over K and one
-# fixed-order sum over splits, so row i's result is the same bits whether it is computed alone
-# or with 31 other rows.
+# masked rows are zeros, every row tile runs the same code, each output element is one fixed
+# sequence of MMAs over K and one fixed-order sum over splits, so row i's result is the same
+# bits whether it is computed alone or with any number of other rows.
 #
 # WIDEN is set for CPU tensors (the Triton interpreter, in tests) only: the interpreter's dot
 # multiplies bf16 / fp16 tiles as their raw 16-bit integers, so they are widened to fp32 first.
@@ -46,10 +48,11 @@ def _small_m_linear_kernel(
 ):
     if PDL:
         gdc_wait()
-    t = tl.program_id(0)
-    s = tl.program_id(1)
+    r = tl.program_id(0)
+    t = tl.program_id(1)
+    s = tl.program_id(2)
     rn = t * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output columns = rows of W
-    rm = tl.arange(0, BLOCK_M)  # [BLOCK_M] rows of x
+    rm = r * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] rows of x in this row tile
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     m_ok = rm < M
@@ -87,7 +90,8 @@ def _small_m_linear_kernel(
         p_ptrs = part_ptr + rm[None, :] * N + rn[:, None]  # part[s, m, n], fp32, split stride M * N
         tl.store(p_ptrs + s * M * N, acc, mask=out_ok)
         tl.debug_barrier()  # every thread's partial is written before the release below
-        arrived = tl.atomic_add(ticket_ptr + t, 1, sem="acq_rel", scope="gpu")
+        ticket = ticket_ptr + r * tl.num_programs(1) + t  # one counter per (row tile, column tile)
+        arrived = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLITS - 1:  # the last split of this tile to finish sums them all, in order
             tl.debug_barrier()
             total = tl.load(p_ptrs, mask=out_ok, other=0.0, cache_modifier=".cg")
@@ -96,4 +100,4 @@ def _small_m_linear_kernel(
             if HAS_BIAS:
                 total += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
             tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_ok)
-            tl.store(ticket_ptr + t, 0)  # reset for the next call (ordered by the kernel boundary)
+            tl.store(ticket, 0)  # reset for the next call (ordered by the kernel boundary)
