@@ -15,13 +15,18 @@ Guarantees of the Triton path (`triton_kernels.py`):
   of rows and no row reads another, so row i's bits are the same alone or among any others.
 - **Deterministic.** No atomics: the same inputs give the same bits on every call.
 - **Accuracy.** fp32 accumulation of the (exactly widened) inputs, division by K in fp32, one
-  rounding to `x`'s dtype; the error is within the order-free fp32 summation bound
-  `K * 2^-24 * mean(|x|)` plus that final rounding.
+  rounding to `x`'s dtype; the error is within the order-free fp32 bound of the sum and the
+  division, `(K + 1) * 2^-24 * mean(|x|)` (first order), plus that final rounding.
+- **Layout-independent.** The kernel takes contiguous rows that start 16-byte aligned (the
+  compiler derives its load width, and with it `tl.sum`'s tree, from alignment), so any other
+  input is copied to such rows first: a view, a transpose, an offset slice give the bits of the
+  same rows laid out contiguously.
 - **CUDA graphs.** No host sync and no device value read on the host: the grid and block size
-  depend on shapes only. It allocates its output and, only for rows that are not unit-stride
-  (or leading dims that do not flatten to a view), a contiguous copy of `x`, both through
-  PyTorch's caching allocator. The first call per (K, dtype) compiles the kernel: make it
-  before capture, as for every Triton kernel.
+  depend on shapes only (the alignment check reads the pointer, a host value). It allocates its
+  output and, for inputs that are not contiguous rows starting 16-byte aligned, that copy, both
+  through PyTorch's caching allocator (a fresh tensor, as the RMSNorms' `pow(2)`, needs none).
+  The first call per (K, dtype) compiles the kernel: make it before capture, as for every
+  Triton kernel.
 
 Not autograd-aware: the Triton path refuses inputs that require grad while grad is enabled.
 """
@@ -60,19 +65,22 @@ def _num_warps(block_k: int) -> int:
 
 
 def _row_mean_triton(x: torch.Tensor, block_k: int, num_warps: int) -> torch.Tensor:
-    """The Triton path on `x [R, K]` (unit stride along K, K >= 1); returns a new `[R]` tensor of
+    """The Triton path on `x [R, K]` (K >= 1, any strides); returns a new `[R]` tensor of
     `x.dtype`. No launch for R = 0."""
     rows, k = x.shape
     out = torch.empty(rows, dtype=x.dtype, device=x.device)
     if rows:
-        _tk._row_mean_kernel[(rows,)](x, out, k, x.stride(0), BLOCK_K=block_k, num_warps=num_warps)
+        _tk._row_mean_kernel[(rows,)](_aligned_rows(x), out, k, BLOCK_K=block_k, num_warps=num_warps)
     return out
 
 
-def _rows_of(x: torch.Tensor) -> torch.Tensor:
-    """`x [..., K]` as `[R, K]` with unit stride along K (a view where one exists, else a copy)."""
-    x2 = x.reshape(-1, x.shape[-1])
-    return x2 if x2.stride(1) == 1 else x2.contiguous()
+def _aligned_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x [R, K]` itself if its rows are contiguous (row stride K) and it starts 16-byte aligned,
+    else a fresh contiguous copy (the caching allocator aligns it): the only layout the kernel sees."""
+    rows, k = x.shape
+    if (x.stride(1) == 1 or k == 1) and (x.stride(0) == k or rows == 1) and x.data_ptr() % 16 == 0:
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 def _out_shape(x: torch.Tensor, keepdim: bool) -> tuple[int, ...]:
@@ -111,14 +119,14 @@ def row_mean(x: torch.Tensor, *, keepdim: bool = False, impl: str = "torch") -> 
         raise ValueError("the row-mean kernel is inference-only (no autograd); use impl='torch' or torch.no_grad()")
     k = x.shape[-1]
     block_k = block_k_for(k, x.dtype)
-    return _row_mean_triton(_rows_of(x), block_k, _num_warps(block_k)).reshape(_out_shape(x, keepdim))
+    return _row_mean_triton(x.reshape(-1, k), block_k, _num_warps(block_k)).reshape(_out_shape(x, keepdim))
 
 
 @torch.library.custom_op("dflash2::row_mean", mutates_args=())
 def _row_mean_op(x: torch.Tensor, block_k: int, num_warps: int) -> torch.Tensor:
-    """The Triton path as one opaque operator on `x [R, K]` (unit stride along K) -> `[R]`, so
-    `torch.compile` keeps it whole (dynamo traces `RowMeanMode.__torch_function__` and emits this
-    op; Inductor calls it as an extern kernel) with the eager call's block size and warps."""
+    """The Triton path as one opaque operator on `x [R, K]` -> `[R]`, so `torch.compile` keeps it
+    whole (dynamo traces `RowMeanMode.__torch_function__` and emits this op; Inductor calls it as
+    an extern kernel) with the eager call's block size and warps."""
     return _row_mean_triton(x, block_k, num_warps)
 
 
@@ -218,5 +226,5 @@ def _compiled_call(x: torch.Tensor, keepdim: bool) -> torch.Tensor:
     """`row_mean(x, keepdim=keepdim, impl="triton")` through `dflash2::row_mean` (checks done by
     `RowMeanMode.routes`); the same kernel, block size and warps as the eager call."""
     block_k = block_k_for(x.shape[-1], x.dtype)
-    out = _row_mean_op(x.reshape(-1, x.shape[-1]).contiguous(), block_k, _num_warps(block_k))
+    out = _row_mean_op(x.reshape(-1, x.shape[-1]), block_k, _num_warps(block_k))
     return out.reshape(_out_shape(x, keepdim))
