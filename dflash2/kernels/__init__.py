@@ -12,7 +12,10 @@ its launcher and the dispatch on an already-resolved ``impl``):
   cache, split over the keys (the engine's default on CUDA; the reference is SDPA with a mask);
 - ``linear.small_m_linear``: a weight-streaming linear for M <= 32 rows (row-invariant, fixed-order
   split-K; reference ``F.linear``), and ``linear.SmallMLinearMode``, which routes stock
-  ``nn.Linear`` calls through it.
+  ``nn.Linear`` calls through it;
+- ``row_mean.row_mean``: the mean over the last dim in one fixed order per row (row-invariant;
+  reference ``torch.mean``), and ``row_mean.RowMeanMode``, which routes the stock RMSNorms'
+  ``mean(-1)`` calls through it.
 
 ``dispatch.resolve_impl`` turns ``"auto" | "torch" | "triton"`` into ``"torch" | "triton"`` once;
 ``keyed_random`` is the counter-based RNG shared by references and kernels; ``python -m
