@@ -1,6 +1,7 @@
 """Per-row masked GQA attention (`dflash2.kernels.row_attention`): the SDPA reference against an
 explicit fp64 softmax, and the split-key Triton kernel against the reference (interpreter on
-CPU, compiled on a GPU), over GQA groups, windows, key splits, strided views of the cache."""
+CPU, compiled on a GPU), over GQA groups, windows, key splits, strided views of the cache; with
+fixed key splits (`split_keys`), a row's bits alone vs in a batch and over a longer K/V buffer."""
 
 from __future__ import annotations
 
@@ -77,6 +78,128 @@ def test_triton_broadcast_positions_and_bf16(triton_device):
     out = row_attention(q, k, v, pos, impl="triton")
     ref = row_attention_reference(q.float(), k.float(), v.float(), pos)
     assert (out.float() - ref).abs().max() < 2e-2
+
+
+# Fixed splits at interpreter-sized shapes: key block 16, splits of 64 keys, 100 slots = 2 splits,
+# the last one partial; 16 query heads over 8 K/V heads (3 queries: 6 of 16 tile rows). At these
+# shapes the default split count depends on the batch and on kv, and moves the split boundaries:
+# the tests check (unwindowed, once: the interpreter is slow) that the default changes the bits
+# there, so they can fail.
+_FIX = dict(nh=16, nkv=8, nq=3, hd=16, kv=100, block_n=16, split_keys=64)
+
+
+def _fixed(q, k, v, pos, window):
+    return _row_attention_triton(q, k, v, pos, window, None, block_n=_FIX["block_n"], split_keys=_FIX["split_keys"])
+
+
+@pytest.mark.parametrize("window", [None, 20], ids=["full", "window20"])
+def test_split_keys_row_is_batch_invariant(window, triton_device):
+    """A row's output alone (B = 1) is bitwise the same as inside batches of 3 and 5 rows (the
+    others random, at other positions), at the batch's start and in its middle."""
+    nh, nkv, nq, hd, kv = (_FIX[n] for n in ("nh", "nkv", "nq", "hd", "kv"))
+    q, k, v, pos = _case(1, nh, nkv, nq, hd, kv, kv, triton_device)
+    alone = _fixed(q, k, v, pos, window)
+    for b, at in [(3, 0), (5, 3)]:
+        bq, bk, bv, bpos = _case(b, nh, nkv, nq, hd, kv, kv, triton_device)
+        bq[at], bk[at], bv[at], bpos[at] = q[0], k[0], v[0], pos[0]
+        assert torch.equal(_fixed(bq, bk, bv, bpos, window)[at], alone[0]), f"B={b}, row {at}"
+    if window is None:  # control: the default's split count in five rows (6: 4 splits of 32 keys, not 7 of 16 as
+        # alone) gives the row other bits (shown on the row alone with that count: the same layout)
+        bn = _FIX["block_n"]
+        in_five = _row_attention_triton(q, k, v, pos, None, None, splits=split_count(5, nkv, kv, bn), block_n=bn)
+        assert not torch.equal(in_five, _row_attention_triton(q, k, v, pos, None, None, block_n=bn))
+
+
+@pytest.mark.parametrize("window", [None, 20], ids=["full", "window20"])
+def test_split_keys_ignores_slots_past_the_positions(window, triton_device):
+    """The same rows over a K/V buffer longer by 2 splits + 17 slots (positions unchanged, the extra
+    slots huge keys and NaN values): bitwise the same output, so the extra (dead) splits add
+    nothing and the extra slots are never read."""
+    nh, nkv, nq, hd, kv, sk = (_FIX[n] for n in ("nh", "nkv", "nq", "hd", "kv", "split_keys"))
+    b, extra = 3, 2 * sk + 17
+    q, k, v, pos = _case(b, nh, nkv, nq, hd, kv, kv, triton_device)
+    k_long = torch.cat([k, 1e3 * torch.randn(b, nkv, extra, hd, device=triton_device)], dim=2)
+    v_long = torch.cat([v, torch.full((b, nkv, extra, hd), float("nan"), device=triton_device)], dim=2)
+    short = _fixed(q, k, v, pos, window)
+    assert torch.isfinite(short).all()
+    assert torch.equal(_fixed(q, k_long, v_long, pos, window), short)
+    if window is None:  # control: in 3 rows the default asks 11 splits: 7 of 16 keys over 100 slots, 8 of 32
+        # over 245, which changes the bits (shown on row 0 alone with that count: the same layout)
+        v_long[:, :, kv:] = torch.randn(b, nkv, extra, hd, device=triton_device)  # finite: NaN != NaN
+        n, bn = split_count(b, nkv, kv + extra, _FIX["block_n"]), _FIX["block_n"]
+        outs = [_row_attention_triton(q[:1], kk[:1], vv[:1], pos[:1], None, None, splits=n, block_n=bn)
+                for kk, vv in ((k, v), (k_long, v_long))]
+        assert not torch.equal(*outs)
+
+
+@pytest.mark.parametrize("b, nh, nkv, nq, hd, kv, window, block_n, split_keys", [
+    (2, 4, 2, 5, 16, 70, None, 16, 32),    # GQA group 2, three splits, the last of 6 keys
+    (2, 8, 2, 5, 16, 70, 7, 16, 16),       # group 4, a window: splits before it dead for row 0
+    (1, 4, 4, 1, 32, 33, None, 16, 64),    # one query, one split larger than the keys
+    (2, 4, 1, 16, 16, 200, None, 64, 64),  # a full verify block (64 tile rows), the default block
+])
+def test_split_keys_matches_reference(b, nh, nkv, nq, hd, kv, window, block_n, split_keys, triton_device):
+    q, k, v, pos = _case(b, nh, nkv, nq, hd, kv + 9, kv, triton_device)
+    if block_n == 64:  # the public entry point (its key block)
+        out = row_attention(q, k, v, pos, window, impl="triton", split_keys=split_keys)
+    else:
+        out = _row_attention_triton(q, k, v, pos, window, None, block_n=block_n, split_keys=split_keys)
+    ref = row_attention_reference(q, k, v, pos, window)
+    assert out.shape == (b, nq, nh, hd)
+    assert torch.allclose(out, ref, atol=2e-5, rtol=1e-5), (out - ref).abs().max()
+
+
+@pytest.mark.parametrize("window", [None, 100], ids=["full", "window100"])
+def test_split_keys_bf16_matches_reference(window, triton_device):
+    if triton_device == "cpu":
+        pytest.skip("bf16 dot products need the GPU")
+    q, k, v, pos = _case(4, 8, 2, 4, 128, 600, 512, triton_device, torch.bfloat16)
+    out = row_attention(q, k, v, pos, window, impl="triton", split_keys=128)
+    ref = row_attention_reference(q.float(), k.float(), v.float(), pos, window)
+    assert (out.float() - ref).abs().max() < 2e-2  # the bound of the default-split bf16 test above
+
+
+@pytest.mark.parametrize("bad", [0, -64, 48, 96, 64.0, True], ids=str)
+def test_split_keys_must_be_a_positive_multiple_of_the_key_block(bad, triton_device):
+    q, k, v, pos = _case(1, 4, 2, 2, 16, 40, 40, triton_device)
+    for impl in ("triton", "torch"):
+        with pytest.raises(ValueError, match="split_keys must be a positive multiple of the key block 64"):
+            row_attention(q, k, v, pos, impl=impl, split_keys=bad)
+
+
+def test_split_keys_follows_the_key_block_and_excludes_splits(triton_device):
+    q, k, v, pos = _case(1, 4, 2, 2, 16, 40, 40, triton_device)
+    with pytest.raises(ValueError, match="key block 16, got 24"):
+        _row_attention_triton(q, k, v, pos, None, None, block_n=16, split_keys=24)
+    with pytest.raises(ValueError, match="not both"):
+        _row_attention_triton(q, k, v, pos, None, None, splits=2, split_keys=64)
+
+
+@pytest.mark.gpu
+def test_split_keys_bitwise_at_the_8b_layout(cuda_device):
+    """Qwen3-8B attention (32 / 8 heads, hd 128), a 16-query verify block in bf16, splits of 128
+    keys: every row gives the same bits alone or among 8 rows, over 512 or 1536 slots (slots from
+    512 on hold garbage past every position); it stays accurate; the default splits (8 of 64 keys
+    for one row over 512, 4 of 384 for 8 rows over 1536) do change the bits."""
+    b, nh, nkv, nq, hd, kv, slots = 8, 32, 8, 16, 128, 512, 1536
+    q, k, v, _ = _case(b, nh, nkv, nq, hd, slots, slots, cuda_device, torch.bfloat16)
+    start = torch.randint(0, kv - nq + 1, (b,))
+    start[0] = kv - nq  # row 0 sees all 512 slots
+    pos = (start[:, None] + torch.arange(nq)).to(cuda_device)
+    k[:, :, kv:] *= 100
+    v[:, :, kv:] = float("nan")
+
+    def attend(rows, n, **kw):
+        return row_attention(q[rows], k[rows, :, :n], v[rows, :, :n], pos[rows], impl="triton", **kw)
+
+    alone = torch.cat([attend(slice(r, r + 1), kv, split_keys=128) for r in range(b)])
+    for rows in (1, b):
+        for n in (kv, slots):
+            assert torch.equal(attend(slice(0, rows), n, split_keys=128), alone[:rows]), f"{rows} rows, {n} slots"
+    ref = row_attention_reference(q.float(), k[:, :, :kv].float(), v[:, :, :kv].float(), pos)
+    assert (alone.float() - ref).abs().max() < 2e-2  # the bound of the default-split bf16 test above
+    v[:, :, kv:] = torch.randn_like(v[:, :, kv:])  # finite: a NaN read would pass the control trivially
+    assert not torch.equal(attend(slice(0, b), slots)[:1], attend(slice(0, 1), kv))
 
 
 def test_limits_and_dispatch(triton_device):

@@ -45,10 +45,17 @@ def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int = _BLOCK_N,
     return max(1, min(blocks, programs // max(1, batch * kv_heads)))
 
 
+def _check_split_keys(split_keys: int, block_n: int) -> None:
+    """Raise unless `split_keys` is a positive multiple of the key block `block_n`."""
+    if isinstance(split_keys, bool) or not isinstance(split_keys, int) or split_keys <= 0 or split_keys % block_n:
+        raise ValueError(f"split_keys must be a positive multiple of the key block {block_n}, got {split_keys!r}")
+
+
 def _row_attention_triton(query, key, value, positions, window, scale, splits=None, block_n=_BLOCK_N,
-                          num_warps=4):
+                          num_warps=4, split_keys=None):
     """The Triton path; `splits`, `block_n` and `num_warps` are tiling knobs (the defaults are the
-    engine's; `python -m benchmarks.kernels --sweep` times alternatives)."""
+    engine's; `python -m benchmarks.kernels --sweep` times alternatives). `split_keys` fixes the
+    split boundaries instead (`row_attention` states the guarantee); it excludes `splits`."""
     b, nh, q, hd = query.shape
     nkv, kv = key.shape[1], key.shape[2]
     if nh % nkv:
@@ -67,9 +74,15 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
     pos = positions.to(device=query.device, dtype=torch.long)
     if pos.dim() != 2 or pos.shape[-1] != q or pos.shape[0] not in (1, b):
         raise ValueError(f"positions {tuple(pos.shape)} do not match queries [B={b}, q={q}]")
-    splits = splits or split_count(b, nkv, kv, block_n)
-    chunk = -(-kv // splits)
-    chunk = -(-chunk // block_n) * block_n
+    if split_keys is not None:
+        _check_split_keys(split_keys, block_n)
+        if splits is not None:
+            raise ValueError("pass splits or split_keys, not both")
+        chunk = split_keys  # boundaries at slots 0, split_keys, 2 * split_keys, ... whatever B and kv
+    else:
+        splits = splits or split_count(b, nkv, kv, block_n)
+        chunk = -(-kv // splits)
+        chunk = -(-chunk // block_n) * block_n
     splits = max(1, -(-kv // chunk))
     dev = query.device
     acc = torch.empty(b * nkv * splits * m, hd, dtype=torch.float32, device=dev)
@@ -83,13 +96,13 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
         value.stride(0), value.stride(1), value.stride(2), pos.stride(0) if pos.shape[0] > 1 else 0, pos.stride(1),
         BLOCK_N=block_n, WINDOW=int(window or 0), IEEE=query.dtype == torch.float32, num_warps=num_warps, **common)
     _tk._row_attn_merge_kernel[(b * nkv,)](acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2),
-                                           num_warps=4, **common)
+                                           FIXED_SPLITS=split_keys is not None, num_warps=4, **common)
     return out
 
 
 def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, positions: torch.Tensor,
                   window: int | None = None, scale: float | None = None, *, impl: str = "torch",
-                  visible: torch.Tensor | None = None) -> torch.Tensor:
+                  visible: torch.Tensor | None = None, split_keys: int | None = None) -> torch.Tensor:
     """Masked GQA attention of `query [B, nh, q, hd]` over `key/value [B, nkv, kv, hd]`.
 
     Key slot `j` is visible to query `i` of row `b` iff `j <= positions[b, i]` (and, with a
@@ -98,13 +111,26 @@ def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p
     Args:
         impl: `"torch"` (SDPA with the mask; `visible` may pass a prebuilt one) or `"triton"`
             (already resolved, `dflash2.kernels.dispatch.resolve_impl`).
+        split_keys: None (default): the Triton path splits the keys over `split_count(B, nkv, kv)`
+            programs, so a row's result (the order its keys' partial sums combine in) changes with
+            the batch size and the K/V length. An int, a positive multiple of the key block (64;
+            anything else raises ValueError): every split covers exactly `split_keys` slots from
+            slot 0, `ceil(kv / split_keys)` splits, merged one after another in split order; a split
+            no query of a row sees leaves that row's merge untouched bit for bit. Then, at fixed
+            `nh`, `nkv`, `q`, `hd`, dtype and `window` (the query tile depends on `q`), row `b`'s
+            output depends only on row `b`'s query, keys, values and positions: not on `B`, not on
+            the other rows, and not on the slots past its last position (nor on `kv`, so a longer
+            buffer gives the same bits). The torch path takes no splits: it checks the value and
+            ignores it (SDPA promises no such invariance).
     Returns:
         `[B, q, nh, hd]`.
     """
+    if split_keys is not None:
+        _check_split_keys(split_keys, _BLOCK_N)
     if impl == "torch":
         return row_attention_reference(query, key, value, positions, window, scale, visible=visible)
     if impl != "triton":
         raise ValueError(f"impl must be a resolved 'torch' or 'triton', got {impl!r}")
     if _tk is None:
         raise RuntimeError("impl='triton' needs the triton package; use impl='torch'")
-    return _row_attention_triton(query, key, value, positions, window, scale)
+    return _row_attention_triton(query, key, value, positions, window, scale, split_keys=split_keys)

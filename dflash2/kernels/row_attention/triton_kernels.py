@@ -8,6 +8,14 @@
 # blocks past the largest position of the row are skipped. The split's (m, l, acc) go to a
 # workspace. Stage 2, one program per (b, h): merge the splits' partials
 # (acc = sum_s e^(m_s - m) acc_s, l likewise) and write out[b, i, h * G + g, :] = acc / l.
+#
+# Fixed splits (FIXED_SPLITS; the host gives every split the same slot count from slot 0): the
+# merge adds the splits one by one in split order (a loop, no tree reduction), and a split in
+# which a tile row sees no key (m_s = -inf, l_s = 0, acc_s = 0: stage 1 ran no block or masked
+# every one) leaves that row's m (max with -inf), l and acc exactly as they were: l and acc by a
+# select, so the identity does not rest on x + 0 * 0 == x (false for x = -0) or on how the
+# compiler contracts it. The splits past a row's last position are all such splits, so neither
+# their number (from kv) nor the batch changes a row's bits.
 import triton
 import triton.language as tl
 
@@ -73,7 +81,7 @@ def _row_attn_merge_kernel(
     acc_ptr, m_ptr, l_ptr, out_ptr,
     s_ob, s_oi, s_oh,
     NKV: tl.constexpr, G: tl.constexpr, Q: tl.constexpr, HD: tl.constexpr, M: tl.constexpr,
-    SPLITS: tl.constexpr,
+    SPLITS: tl.constexpr, FIXED_SPLITS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // NKV
@@ -90,9 +98,15 @@ def _row_attn_merge_kernel(
     for s in range(SPLITS):
         base = (pid * SPLITS + s) * M
         m_s = tl.load(m_ptr + base + r)
-        w = tl.where(m_s > float("-inf"), tl.exp(m_s - ref), 0.0)
-        l_all += w * tl.load(l_ptr + base + r)
-        acc += w[:, None] * tl.load(acc_ptr + (base + r)[:, None] * HD + d[None, :])
+        live = m_s > float("-inf")
+        w = tl.where(live, tl.exp(m_s - ref), 0.0)
+        if FIXED_SPLITS:
+            l_all = tl.where(live, l_all + w * tl.load(l_ptr + base + r), l_all)
+            acc = tl.where(live[:, None], acc + w[:, None] * tl.load(acc_ptr + (base + r)[:, None] * HD + d[None, :]),
+                           acc)
+        else:
+            l_all += w * tl.load(l_ptr + base + r)
+            acc += w[:, None] * tl.load(acc_ptr + (base + r)[:, None] * HD + d[None, :])
     out = acc / tl.where(l_all > 0, l_all, 1.0)[:, None]  # a row with no visible key gives 0
     g = r // Q
     i = r % Q
