@@ -79,6 +79,7 @@ SHAPES = {
 }
 MAX_N = 15  # the draft block is 16 slots: anchor + 15 drafts
 HF_EAGER, HF_COMPILE, OURS_AR = "HF eager", "HF static+compile", "ours AR"
+EXACT_SUFFIX = " exact"  # our arm in exact mode (--exact-impl)
 NOT_RUN_BUDGET = "not run (budget)"
 NA_CPU = "n/a on CPU"
 # Prior duration (s) of a cell kind before one has run: the first compile is the long one.
@@ -266,6 +267,9 @@ def add_ratios(cells: list[dict]) -> None:
             c[key] = ref["ms_step"] / c["ms_step"] if ref else None
         if c.get("floors"):
             c["x_floor"] = c["ms_step"] / c["floors"]["floor_ms"]
+        if c["arm"].endswith(EXACT_SUFFIX):  # exact mode's cost: its step over the normal arm's, same run
+            normal = ok.get((c["context"], c["batch"], c["arm"][: -len(EXACT_SUFFIX)]))
+            c["exact_cost"] = c["ms_step"] / normal["ms_step"] if normal else None
 
 
 def _f(x, digits: int = 2) -> str:
@@ -273,7 +277,7 @@ def _f(x, digits: int = 2) -> str:
 
 
 def _arm_order(c: dict) -> tuple:
-    return ({HF_EAGER: 0, HF_COMPILE: 1}.get(c["arm"], 2), c["n"])
+    return ({HF_EAGER: 0, HF_COMPILE: 1}.get(c["arm"], 2), c["n"], c["arm"].endswith(EXACT_SUFFIX))
 
 
 def targets(cells: list[dict]) -> list[tuple[str, str, str]]:
@@ -358,6 +362,14 @@ def render(runs: list[dict]) -> str:
                          f"{_f(c['tokens_s'], 1)} | {_f(c['x_hf_eager'])} | {_f(c['x_hf_compile'])} | "
                          f"{_f(c['x_floor'])} | {phases} | {peak} |")
         lines.append("")
+    exact = [c for c in cells if c["arm"].endswith(EXACT_SUFFIX) and c["status"] == "ok"]
+    if exact:
+        lines += ["## Exact mode's cost", "", "Exact arm's ms/step over the same N's normal arm's, same run (exact "
+                  "mode: padded width " f"{MAX_N + 1}, `exact_impl` {m0.get('exact_impl')}, no compile).", "",
+                  "| context | batch | arm | exact ms/step | cost ratio |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {c['context']} | {c['batch']} | {c['arm']} | {_f(c['ms_step'])} | {_f(c.get('exact_cost'))} |"
+                  for c in sorted(exact, key=lambda c: (c["context"], c["batch"], c["n"]))]
+        lines.append("")
     lines += ["## Floors", ""]
     for r in runs:
         g = r["floors"]
@@ -422,6 +434,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="our arms' compile_level (dflash2.engine.compiled; none = stock modules); the compile of "
                         "each shape class is paid in an untimed run before the cell")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall seconds from start; later cells are skipped")
+    p.add_argument("--exact-impl", choices=["none", "rows", "invariant"], default="none",
+                   help="also run each of our arms in exact mode with this exact_impl (padded width 16, no compile); "
+                        "the table gets the cost ratio exact / normal per arm")
     p.add_argument("--out", type=Path, help="Markdown file")
     p.add_argument("--json", type=Path, help="raw numbers (JSON)")
     p.add_argument("--merge", type=Path, nargs="+", help="render --out from these --json files; measure nothing")
@@ -492,7 +507,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                     "new_tokens": args.new_tokens, "warmup_steps": args.warmup_steps, "repeats": args.repeats,
                     "wall_s": 0.0,
                     "compile_level": level, "attention_impl": resolve_impl(args.attention_impl, dev),
-                    "linear_impl": resolve_impl(args.linear_impl, dev)},
+                    "linear_impl": resolve_impl(args.linear_impl, dev), "exact_impl": args.exact_impl},
            "floors": {"copy_gbs": floors.copy_gbs, "gemm_tflops": floors.gemm_tflops,
                       "linear_params": floors.linear_params, "target_weight_bytes": floors.target_bytes,
                       "draft_weight_bytes": floors.draft_bytes, "kv_bytes_per_token": floors.kv_bytes_per_token},
@@ -511,11 +526,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     plan = []
     for ctx, batch in args.grid:
         plan += [(ctx, batch, "ours", n) for n in ([0] + sorted(set(args.n))) if "ours" in arms]
+        if args.exact_impl != "none" and "ours" in arms:
+            plan += [(ctx, batch, "ours_exact", n) for n in ([0] + sorted(set(args.n)))]
         plan += [(ctx, batch, "hf_eager", 0)] if "hf_eager" in arms else []
     plan += [(ctx, batch, "hf_compile", 0) for ctx, batch in args.grid if "hf_compile" in arms]
     last_s = dict(PRIOR_S) if dev.type == "cuda" else {}
     for ctx, batch, kind, n in tqdm(plan, desc="engine bench", file=sys.stderr):
         name = {"hf_eager": HF_EAGER, "hf_compile": HF_COMPILE}.get(kind, arm_name(n))
+        name += EXACT_SUFFIX if kind == "ours_exact" else ""
         cell = {"context": ctx, "batch": batch, "arm": name, "n": n, "kind": kind, "part": args.part,
                 "status": "ok", "peak_gib": None, "floors": None}
         elapsed = time.perf_counter() - t_start
@@ -534,11 +552,14 @@ def main(argv: list[str] | None = None) -> dict | None:
                     engine_kw = dict(compile_level=None if level == "none" else level,
                                      attention_impl=args.attention_impl, linear_impl=args.linear_impl)
                     res = run_ours(target, draft, ids, n, args.new_tokens, args.warmup_steps, engine_kw, args.repeats)
+                elif kind == "ours_exact":  # exact mode picks its own kernels and runs uncompiled
+                    engine_kw = dict(exact=True, exact_block_size=MAX_N + 1, exact_impl=args.exact_impl)
+                    res = run_ours(target, draft, ids, n, args.new_tokens, args.warmup_steps, engine_kw, args.repeats)
                 else:
                     res = run_hf(hf_model, ids, args.new_tokens, kind == "hf_compile", args.repeats)
                 peak = _peak_gib(dev)
                 if peak is not None:
-                    peak -= idle_bytes["ours" if kind == "ours" else "hf"] / 2**30
+                    peak -= idle_bytes["ours" if kind.startswith("ours") else "hf"] / 2**30
                 cell.update(res, peak_gib=peak, floors=floors.cell(ctx, batch, n))
             except Exception as e:  # record and go on: one failing arm must not lose the others
                 traceback.print_exc()

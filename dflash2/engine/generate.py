@@ -44,13 +44,22 @@ identical in shape whatever N and whoever shares the batch:
 A token's hidden states then come from the same kernels whether it sat at slot 0 of an AR block
 or slot j of a verify block, provided the GEMMs treat the W rows of a block alike whatever slot a
 token occupies (measured so on the H200); the GPU test `tests/gpu/test_exact_mode.py` checks
-the end result. It costs a padded forward per AR step and B one-row forwards per step instead of
-one batched forward (launch-bound in the eager loop); off by default.
+the end result. That is `exact_impl="rows"`: a padded forward per AR step and B one-row forwards
+per step instead of one batched forward, eagerly.
+
+`exact_impl="invariant"` (the default on CUDA where its kernels fit) keeps the padded width and
+the row-by-row prefill, and runs each later step as one batched forward, replayed from CUDA
+graphs like the normal step, through kernels whose per-row result does not depend on the number
+of rows, the other rows or the K/V bucket: every linear through the small-M kernel
+(`dflash2.kernels.linear`, fixed tiles of 32 rows and a fixed reduction order, any row count),
+attention through the row-attention kernel with key splits at fixed absolute slots
+(`EXACT_SPLIT_KEYS`, `dflash2.kernels.row_attention`), and the norms' mean through a per-row
+fixed-order reduction (`dflash2.kernels.row_mean`). Elementwise kernels (RoPE, activations,
+residuals, casts) and gathers are per element, so the same inputs give the same bits. Off by default (`exact=False`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -146,6 +155,7 @@ def speculative_generate(
     compile_level: str | None = None,
     attention_impl: str = "auto",
     linear_impl: str = "torch",
+    exact_impl: str = "auto",
 ) -> SpeculativeOutput:
     """Generate with DFlash2 speculative decoding (or the AR baseline), losslessly.
 
@@ -191,7 +201,12 @@ def speculative_generate(
             most 32 rows): `"torch"` (default, `F.linear`) | `"triton"` (the small-M
             weight-streaming kernel, `dflash2.kernels.linear`, through a function mode owned by the
             decoding state; under `compile_level` the compiled modules call it as an opaque operator)
-            | `"auto"` (Triton on CUDA). Not with exact mode.
+            | `"auto"` (Triton on CUDA). Not with exact mode, which picks its own kernels.
+        exact_impl: how exact mode makes a row independent of its batch: `"rows"` (every target
+            forward row by row, eagerly, with the stock kernels) | `"invariant"` (one batched
+            forward through batch-invariant kernels, replayed from CUDA graphs: module docstring)
+            | `"auto"` (default: invariant on a CUDA target whose attention layout the kernel
+            takes at the padded width, else rows). Ignored outside exact mode.
     Returns:
         `SpeculativeOutput`.
     """
@@ -201,7 +216,7 @@ def speculative_generate(
         target, draft, input_ids, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids, impl=impl,
         timing=timing, exact=exact, exact_block_size=exact_block_size, graphs=graphs, compile_level=compile_level,
-        attention_impl=attention_impl, linear_impl=linear_impl)
+        attention_impl=attention_impl, linear_impl=linear_impl, exact_impl=exact_impl)
     tgt: TargetModel = checked.target
     rows, n_spec, draft = checked.rows, checked.num_speculative_tokens, checked.draft
     proposer_like = draft is not None and hasattr(draft, "propose")
@@ -281,37 +296,38 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
     p_max = max(plen_host)
     times = StepTimes(synchronized=sync)
 
-    with static_attention(tgt.model), (state.linear_mode or contextlib.nullcontext()):
+    with static_attention(tgt.model):
         t_start = clock()
-        state.load(rows, temperature, row_seeds(checked.seed, bsz, device), max_new_tokens, stops)
-        plens = state.plens[:bsz]
-        prompt_pos = torch.arange(p_max, device=device)[None]
-        pos = prompt_pos.expand(bsz, p_max)
-        if exact:
-            first_logits, prefill_features = prefill_rows(tgt, rows, cache, layer_ids, p_max,
-                                                          state.engine.attention_impl)
-        else:
-            # ---- prefill of the real rows: prompts right-padded (loaded into `tokens`, zeros past
-            # each prompt); padding sits at slots the rows overwrite later.
-            ids = state.tokens[:bsz, :p_max]
-            keep, where_kept = torch.unique(plens - 1, return_inverse=True)
-            cache.prepare(pos, kv_len=p_max, rows=bsz if batch > bsz else None)
-            with eager_forward(state.engine.compile_level is not None):  # no compile for one prompt-length forward
-                out = tgt(ids, position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=keep,
-                          **cache.attention_kwargs(state.engine.attention_impl))
-            first_logits = out.logits[torch.arange(bsz, device=device), where_kept][:, None]  # [B, 1, V]
-            prefill_features = out.features
-        _check_valid(invalid_rows(first_logits).tolist(), "target logits", 0)
-        empty_d = state.empty_d[:bsz]
-        _, first = verify_block(state.target_probs_input(first_logits), empty_d, empty_d[..., None],
-                                state.empty_q[:bsz], state.temps[:bsz], state.seeds[:bsz], plens,
-                                impl=state.engine.kernel_impl)
-        if batch > bsz:  # idle bucket rows: token 0, no features
-            first = torch.cat([first, first.new_zeros(batch - bsz)])
-            if prefill_features is not None:
-                prefill_features = torch.cat([prefill_features, prefill_features.new_zeros(
-                    batch - bsz, *prefill_features.shape[1:])])
-        state.start(first, (prefill_features, prompt_pos.expand(batch, p_max), state.plens.clone()))
+        with state.prefill_modes():
+            state.load(rows, temperature, row_seeds(checked.seed, bsz, device), max_new_tokens, stops)
+            plens = state.plens[:bsz]
+            prompt_pos = torch.arange(p_max, device=device)[None]
+            pos = prompt_pos.expand(bsz, p_max)
+            if exact:
+                first_logits, prefill_features = prefill_rows(tgt, rows, cache, layer_ids, p_max,
+                                                              state.engine.attention_impl)
+            else:
+                # ---- prefill of the real rows: prompts right-padded (loaded into `tokens`, zeros past
+                # each prompt); padding sits at slots the rows overwrite later.
+                ids = state.tokens[:bsz, :p_max]
+                keep, where_kept = torch.unique(plens - 1, return_inverse=True)
+                cache.prepare(pos, kv_len=p_max, rows=bsz if batch > bsz else None)
+                with eager_forward(state.engine.compile_level is not None):  # no compile for one prompt-length forward
+                    out = tgt(ids, position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=keep,
+                              **cache.attention_kwargs(state.engine.attention_impl))
+                first_logits = out.logits[torch.arange(bsz, device=device), where_kept][:, None]  # [B, 1, V]
+                prefill_features = out.features
+            _check_valid(invalid_rows(first_logits).tolist(), "target logits", 0)
+            empty_d = state.empty_d[:bsz]
+            _, first = verify_block(state.target_probs_input(first_logits), empty_d, empty_d[..., None],
+                                    state.empty_q[:bsz], state.temps[:bsz], state.seeds[:bsz], plens,
+                                    impl=state.engine.kernel_impl)
+            if batch > bsz:  # idle bucket rows: token 0, no features
+                first = torch.cat([first, first.new_zeros(batch - bsz)])
+                if prefill_features is not None:
+                    prefill_features = torch.cat([prefill_features, prefill_features.new_zeros(
+                        batch - bsz, *prefill_features.shape[1:])])
+            state.start(first, (prefill_features, prompt_pos.expand(batch, p_max), state.plens.clone()))
         times.prefill = clock() - t_start
         # Every buffer the step reads or writes is static and updated in place, so the step can run
         # eagerly or as a captured CUDA graph (dflash2.engine.graphs) on the same state. The AR arm
@@ -323,8 +339,9 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
                 state.runner = StepGraphs(state.step, device)
             runner = state.runner
             captures_before = runner.captures
-        steps, last = _run_steps(state, runner, times, plen_host, max_new_tokens=max_new_tokens,
-                                 kv_bucket=kv_bucket, clock=clock, pipelined=pipelined)
+        with state.step_modes():
+            steps, last = _run_steps(state, runner, times, plen_host, max_new_tokens=max_new_tokens,
+                                     kv_bucket=kv_bucket, clock=clock, pipelined=pipelined)
         if runner is not None:
             times.graph_captures, times.graph_error = runner.captures - captures_before, runner.failed
         times.total = clock() - t_start

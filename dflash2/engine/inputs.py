@@ -58,13 +58,43 @@ def _graphs_arg(graphs, tgt: TargetModel, draft, exact: bool) -> bool:
     if tgt.device.type != "cuda":
         reasons.append(f"the target is on {tgt.device}, and CUDA graphs need a CUDA device")
     if exact:
-        reasons.append("exact mode runs its row-by-row forwards eagerly")
+        reasons.append("exact mode with exact_impl='rows' runs its row-by-row forwards eagerly")
     if draft is not None and hasattr(draft, "propose") and not getattr(draft, "graph_safe", False):
         reasons.append(f"the proposer {type(draft).__name__} does not declare graph_safe = True (its propose() "
                        "may run host code, which a captured step would not repeat)")
     if graphs and reasons:
         _fail("graphs", "is True but " + "; ".join(reasons), "pass graphs=None (auto) or graphs=False")
     return not reasons if graphs is None else bool(graphs)
+
+
+def _exact_impl_arg(exact_impl, exact: bool, tgt: TargetModel, width: int) -> str:
+    """Resolve `exact_impl` (`"auto" | "rows" | "invariant"`): auto = invariant where its kernels
+    run (a CUDA target, Triton, and an attention layout the row-attention kernel takes at the
+    padded width), else rows. Refuses `"invariant"` where its kernels cannot run."""
+    if exact_impl not in ("auto", "rows", "invariant"):
+        _fail("exact_impl", f"is {exact_impl!r}", "use 'auto', 'rows' or 'invariant'")
+    if exact_impl == "rows":
+        return "rows"
+    from dflash2.kernels.dispatch import triton_available, triton_interpreter_enabled
+    from dflash2.kernels.row_attention import kernel_fits
+
+    cfg = tgt.config
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    reasons = []
+    if not triton_available():
+        reasons.append("Triton is not installed")
+    elif tgt.device.type != "cuda" and not triton_interpreter_enabled():
+        reasons.append(f"the target is on {tgt.device} (Triton runs there only under TRITON_INTERPRET=1)")
+    if not kernel_fits(heads, kv_heads, width, head_dim):
+        reasons.append(f"the row-attention kernel does not take {heads}/{kv_heads} heads x width {width} x "
+                       f"head_dim {head_dim}")
+    if exact_impl == "auto":
+        return "invariant" if exact and not reasons and tgt.device.type == "cuda" else "rows"
+    if exact and reasons:
+        _fail("exact_impl", "is 'invariant' but " + "; ".join(reasons), "pass exact_impl='rows' (or 'auto')")
+    return "invariant"
 
 
 def _fail(what: str, problem: str, fix: str) -> None:
@@ -240,6 +270,7 @@ def check_generate_inputs(
     compile_level=None,
     attention_impl="auto",
     linear_impl="torch",
+    exact_impl="auto",
 ) -> GenerateInputs:
     """Check every argument of `speculative_generate` (same names) on the host.
 
@@ -314,7 +345,8 @@ def check_generate_inputs(
     if limit is not None:
         _check_position_limit(rows, max_new, exact_block_size - 1 if exact else n_spec, int(limit))
     stops = _stop_ids(stop_token_ids, vocab)
-    use_graphs = _graphs_arg(graphs, tgt, draft, exact)
+    exact_kind = _exact_impl_arg(exact_impl, exact, tgt, exact_block_size)
+    use_graphs = _graphs_arg(graphs, tgt, draft, exact and exact_kind == "rows")
     if compile_level is not None and compile_level not in COMPILE_LEVELS:
         _fail("compile_level", f"is {compile_level!r}", f"pass None (off) or one of {COMPILE_LEVELS}")
     if compile_level is not None and exact:
@@ -326,9 +358,10 @@ def check_generate_inputs(
         _fail("linear_impl", f"is {linear_impl!r}", f"use one of {IMPLS}")
     linear = resolve_impl(linear_impl, tgt.device)
     if linear == "triton" and exact:
-        _fail("linear_impl", "is 'triton' with exact=True (exact mode pins the stock kernels)", "drop one of the two")
+        _fail("linear_impl", "is 'triton' with exact=True (exact mode picks its own kernels: exact_impl)",
+              "drop one of the two")
     settings = EngineSettings(kernel_impl=resolve_impl(impl, tgt.device),
                               attention_impl=resolve_impl(attention_impl, tgt.device), linear_impl=linear,
-                              exact=exact,
-                              exact_block_size=exact_block_size, compile_level=compile_level, graphs=use_graphs)
+                              exact=exact, exact_block_size=exact_block_size, exact_impl=exact_kind,
+                              compile_level=compile_level, graphs=use_graphs)
     return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, settings)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RESOLVED_IMPLS = ("torch", "triton")
+EXACT_IMPLS = ("rows", "invariant")
+EXACT_SPLIT_KEYS = 256  # invariant exact mode: key slots per attention split, at fixed absolute boundaries
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,10 @@ class EngineSettings:
             draft's cached attention (`dflash2.kernels.row_attention`); exact mode keeps its own kernel.
         exact: exact mode (`dflash2.engine.generate`).
         exact_block_size: the padded width of every exact-mode target forward.
+        exact_impl: how exact mode keeps a row's bits independent of the batch: `"rows"` (each
+            target forward row by row, eager, the stock kernels) or `"invariant"` (one batched
+            forward through batch-invariant kernels: the small-M linear for every row count, the
+            row attention with a fixed key split, the row mean of the norms; graph-capturable).
         linear_impl: `"torch" | "triton"`: the target's and the draft's `nn.Linear` layers at
             decode and verify sizes (at most 32 rows); `"triton"` routes them through
             `dflash2.kernels.linear.SmallMLinearMode` (the decoding state owns the mode, so graphs
@@ -40,6 +46,7 @@ class EngineSettings:
     linear_impl: str = "torch"
     exact: bool = False
     exact_block_size: int = 16
+    exact_impl: str = "rows"
     compile_level: str | None = None
     graphs: bool = False
 
@@ -47,3 +54,10 @@ class EngineSettings:
         for name in ("kernel_impl", "attention_impl", "linear_impl"):
             if getattr(self, name) not in RESOLVED_IMPLS:
                 raise ValueError(f"{name} must be resolved to one of {RESOLVED_IMPLS}, got {getattr(self, name)!r}")
+        if self.exact_impl not in EXACT_IMPLS:
+            raise ValueError(f"exact_impl must be one of {EXACT_IMPLS}, got {self.exact_impl!r}")
+
+    @property
+    def invariant_exact(self) -> bool:
+        """Exact mode through the batch-invariant kernels (batched, graph-capturable)."""
+        return self.exact and self.exact_impl == "invariant"

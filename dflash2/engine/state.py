@@ -24,15 +24,16 @@ state per call, at the call's own batch size.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 from dflash2.engine.cache import StaticTargetCache
 from dflash2.engine.draft import DraftStep, Proposal
 from dflash2.engine.reports import REPORT_ROWS, StepReports
-from dflash2.engine.settings import EngineSettings
+from dflash2.engine.settings import EXACT_SPLIT_KEYS, EngineSettings
 from dflash2.engine.sampling import filter_logits, invalid_rows
 from dflash2.kernels.linear import SmallMLinearMode
 from dflash2.kernels.verify import verify_block
@@ -173,9 +174,19 @@ class DecodeState:
         self.sampled, self.top_k, self.top_p, self.layer_ids = sampled, top_k, top_p, layer_ids
         self.lock = threading.Lock()
         self.runner = None  # the StepGraphs of this state (graph path), kept with it
-        # The small-M linear's function mode (entered around every forward of a call on this state)
-        # lives with the state: graphs captured under it replay its split-K ticket buffer.
-        self.linear_mode = SmallMLinearMode(engine.linear_impl, device) if engine.linear_impl == "triton" else None
+        # The function modes entered around the forwards of a call on this state live with it:
+        # graphs captured under them replay their buffers (the small-M linear's split-K tickets).
+        # Invariant exact mode routes every linear (any row count) and the norms' means through
+        # batch-invariant kernels around the steps; the normal mode's linear mode (linear_impl)
+        # covers prefill and steps.
+        self.mean_mode = None
+        if engine.invariant_exact:
+            from dflash2.kernels.row_mean import RowMeanMode
+
+            self.linear_mode = SmallMLinearMode("triton", device, max_rows=None)
+            self.mean_mode = RowMeanMode("triton", device)
+        else:
+            self.linear_mode = SmallMLinearMode(engine.linear_impl, device) if engine.linear_impl == "triton" else None
         self.trash = max_len  # the column of `tokens` that absorbs masked writes
         longs = dict(dtype=torch.long, device=device)
         self.tokens = torch.zeros(batch, max_len + 1, **longs)
@@ -201,6 +212,23 @@ class DecodeState:
         self.first_context: tuple | None = None
         self.report = torch.zeros(REPORT_ROWS, batch, **longs)  # the step's one device-to-host copy
         self.reports = StepReports(self.report, max_len)  # its host copies, one per step (reused by later calls)
+
+    def prefill_modes(self) -> contextlib.AbstractContextManager:
+        """The function modes of the prefill: the linear mode in normal mode, none in invariant
+        exact mode (its prefill runs row by row with the stock kernels, the same for every arm)."""
+        if self.engine.invariant_exact or self.linear_mode is None:
+            return contextlib.nullcontext()
+        return self.linear_mode
+
+    @contextlib.contextmanager
+    def step_modes(self) -> Iterator[None]:
+        """The function modes of the decoding steps (entered around their eager runs, captures
+        and replays): the linear mode and, in invariant exact mode, the row-mean mode."""
+        with contextlib.ExitStack() as stack:
+            for mode in (self.linear_mode, self.mean_mode):
+                if mode is not None:
+                    stack.enter_context(mode)
+            yield
 
     def close(self) -> None:
         """Drop the graphs: the runner's step is this state's bound method, a reference cycle that
@@ -297,13 +325,14 @@ class DecodeState:
         # row's own offset; only the first 1+N slots' logits and features are used.
         block = torch.cat([anchor[:, None], d, self.pad], dim=1)  # [B, W]
         pos_w = start[:, None] + self.arange_w
-        if self.exact:
+        if self.exact and not self.engine.invariant_exact:
             all_logits, feats = forward_rows(tgt, block, pos_w, self.cache, self.layer_ids, self.max_len,
                                              self.engine.attention_impl)
         else:
             self.cache.prepare(pos_w, kv_len=kv_len)
+            split = EXACT_SPLIT_KEYS if self.engine.invariant_exact else None
             out = tgt(block, position_ids=pos_w, past_key_values=self.cache, layer_ids=self.layer_ids,
-                      **self.cache.attention_kwargs(self.engine.attention_impl))
+                      **self.cache.attention_kwargs(self.engine.attention_impl, split_keys=split))
             all_logits, feats = out.logits, out.features
         logits = all_logits[:, : n_spec + 1]  # [B, 1+N, V]
         bad = invalid_rows(logits)

@@ -214,3 +214,17 @@ def test_wall_clock_step_and_the_oracle_split_of_a_graph_step(monkeypatch):
     assert "| 2 | ours N=3 | 12.00 | 10.00 | 2.000 |" in row and "3.00 / 7.00 (oracle diff.)" in row
     ar = bench.run_ours(target, None, ids, 0, 12, 2)
     assert ar["phases_ms"] == {"draft": None, "select": None, "verify": None}  # nothing to split for AR
+
+
+def test_exact_arms_sit_beside_the_normal_ones_with_their_cost(tmp_path):
+    """`--exact-impl rows`: each of our arms also runs in exact mode; the exact arm's cost ratio is its
+    wall ms/step over the normal arm's of the same cell, and the table lists it."""
+    run = bench.main(BASE + ["--batch", "1", "--context", "8", "--n", "3", "--arms", "ours", "--exact-impl", "rows",
+                             "--out", str(tmp_path / "e.md"), "--json", str(tmp_path / "e.json")])
+    cells = {c["arm"]: c for c in run["cells"]}
+    assert set(cells) == {bench.OURS_AR, "ours N=3", bench.OURS_AR + bench.EXACT_SUFFIX, "ours N=3" + bench.EXACT_SUFFIX}
+    for arm in (bench.OURS_AR, "ours N=3"):
+        exact = cells[arm + bench.EXACT_SUFFIX]
+        assert exact["status"] == "ok" and exact["exact_cost"] == pytest.approx(exact["ms_step"] / cells[arm]["ms_step"])
+    md = (tmp_path / "e.md").read_text()
+    assert "## Exact mode's cost" in md and "`exact_impl` rows" in md and "| 8 | 1 | ours N=3 exact |" in md

@@ -8,6 +8,9 @@ sharpened head so logits are peaked and near-ties occur.
 - control: the same comparison with exact=False shows at least one departure (otherwise the
   test proves nothing about bf16 numerics).
 
+Every test runs for both ways exact mode keeps rows independent (`exact_impl`: "invariant", the
+batch-invariant kernels on the graph path, first; then "rows", row-by-row eager forwards).
+
 Run on the device:  python -m pytest -m gpu tests/gpu/test_exact_mode.py -s
 With DFLASH2_GPU_OUT=DIR it writes DIR/exact_mode.json (departures, acceptance, wall times of
 exact vs normal mode: the speed cost of exact mode in the eager loop).
@@ -29,6 +32,11 @@ pytestmark = pytest.mark.gpu
 
 PROMPTS, PROMPT_LEN, NEW, BLOCK, HEAD_SCALE = 8, 64, 128, 16, 3.0
 RESULTS: dict = {}
+
+
+@pytest.fixture(scope="module", params=["invariant", "rows"])
+def exact_impl(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +70,11 @@ def prompts():
     return [torch.randint(0, 151936, (PROMPT_LEN + 7 * i,), generator=g) for i in range(PROMPTS)]
 
 
-def _run(target, draft, rows, n_spec=0, exact=True):
+def _run(target, draft, rows, n_spec=0, exact=True, exact_impl="rows"):
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     out = speculative_generate(target, draft, rows, max_new_tokens=NEW, num_speculative_tokens=n_spec,
-                               exact=exact, exact_block_size=BLOCK)
+                               exact=exact, exact_block_size=BLOCK, exact_impl=exact_impl)
     torch.cuda.synchronize()
     return out, time.perf_counter() - t0
 
@@ -86,10 +94,10 @@ def _departures(a, b) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def ar_runs(target, prompts):
-    alone = [_run(target, None, [p]) for p in prompts]
-    batch, t_batch = _run(target, None, prompts)
-    RESULTS["ar_exact_wall_s"] = {"batch1_total": sum(t for _, t in alone), "batch8": t_batch}
+def ar_runs(target, prompts, exact_impl):
+    alone = [_run(target, None, [p], exact_impl=exact_impl) for p in prompts]
+    batch, t_batch = _run(target, None, prompts, exact_impl=exact_impl)
+    RESULTS[f"{exact_impl}/ar_exact_wall_s"] = {"batch1_total": sum(t for _, t in alone), "batch8": t_batch}
     return [o for o, _ in alone], batch
 
 
@@ -100,36 +108,37 @@ def test_exact_ar_batch_rows_equal_alone(ar_runs):
 
 
 @pytest.mark.parametrize("n_spec", [3, 7, 15])
-def test_exact_speculative_equals_exact_ar(target, prompts, ar_runs, n_spec):
+def test_exact_speculative_equals_exact_ar(target, prompts, ar_runs, exact_impl, n_spec):
     alone_ar, batch_ar = ar_runs
     seeds = list(range(PROMPTS))
     refs = batch_ar.sequences
-    batch, t_batch = _run(target, _oracle(refs, seeds), prompts, n_spec)
+    batch, t_batch = _run(target, _oracle(refs, seeds), prompts, n_spec, exact_impl=exact_impl)
     steps = sum(map(len, batch.accepted))
     mean_acc = sum(map(sum, batch.accepted)) / steps
     assert mean_acc >= 1.0, f"oracle accepted {mean_acc:.2f} per step: the equality would be trivial"
     assert _departures(batch, batch_ar) == [-1] * PROMPTS  # batch 8: spec == AR
     t_alone = 0.0
     for b, p in enumerate(prompts):
-        alone, t = _run(target, _oracle([refs[b]], [seeds[b]]), [p], n_spec)
+        alone, t = _run(target, _oracle([refs[b]], [seeds[b]]), [p], n_spec, exact_impl=exact_impl)
         t_alone += t
         assert torch.equal(alone.sequences[0], alone_ar[b].sequences[0]), f"batch 1, row {b}: spec != AR"
         assert torch.equal(alone.sequences[0], batch.sequences[b]), f"row {b}: batch 8 != alone"
-    RESULTS[f"exact_N{n_spec}"] = {"mean_accepted": mean_acc, "wall_s_batch8": t_batch, "wall_s_batch1_total": t_alone}
+    RESULTS[f"{exact_impl}/exact_N{n_spec}"] = {"mean_accepted": mean_acc, "wall_s_batch8": t_batch, "wall_s_batch1_total": t_alone}
 
 
-def test_normal_mode_departs_in_bf16(target, prompts):
+def test_normal_mode_departs_in_bf16(target, prompts, exact_impl):
     """The control: without exact mode, bf16 near-ties flip somewhere (else the test above proves nothing).
     Also the speed cost of exact mode at batch 8 (AR and N = 7), measured back to back."""
     ar, t_ar = _run(target, None, prompts, exact=False)
     spec, t_spec = _run(target, _oracle(ar.sequences, list(range(PROMPTS))), prompts, 7, exact=False)
     dep = _departures(spec, ar)
-    ar_x, t_ar_x = _run(target, None, prompts, exact=True)
-    spec_x, t_spec_x = _run(target, _oracle(ar_x.sequences, list(range(PROMPTS))), prompts, 7, exact=True)
+    ar_x, t_ar_x = _run(target, None, prompts, exact=True, exact_impl=exact_impl)
+    spec_x, t_spec_x = _run(target, _oracle(ar_x.sequences, list(range(PROMPTS))), prompts, 7, exact=True,
+                            exact_impl=exact_impl)
     RESULTS["normal_mode"] = {"departures_N7_batch8": dep, "rows_departed": sum(d >= 0 for d in dep)}
-    RESULTS["speed_cost_batch8"] = {
+    RESULTS[f"{exact_impl}/speed_cost_batch8"] = {
         "ar_s": {"normal": t_ar, "exact": t_ar_x, "ratio": t_ar_x / t_ar},
         "spec_N7_s": {"normal": t_spec, "exact": t_spec_x, "ratio": t_spec_x / t_spec},
-        "note": "wall time of 8 x 128 tokens, kernels warm; normal = the default engine (CUDA-graph step for AR, the eager loop for the host-side oracle), exact = row-by-row eager forwards"}
+        "note": "wall time of 8 x 128 tokens, kernels warm; normal = the default engine (CUDA-graph step for AR, the eager loop for the host-side oracle), exact = the exact_impl of the key (rows: row-by-row eager forwards; invariant: batched, the host-side oracle keeps it eager)"}
     assert any(d >= 0 for d in dep), "no departure without exact mode: the control shows nothing"
     assert _departures(spec_x, ar_x) == [-1] * PROMPTS

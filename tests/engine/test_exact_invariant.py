@@ -1,0 +1,134 @@
+"""Exact mode through the batch-invariant kernels (`exact_impl="invariant"`), on the CPU under
+Triton's interpreter: one batched forward per step (no row-by-row forwards), every target linear
+through the small-M kernel at any row count, attention with fixed key splits, the norms' means
+through the row-mean kernel; greedy speculative output equal to the exact AR output, each batch row
+equal to the same prompt alone, the graph path (the CPU stand-in runner) equal to the eager loop.
+
+On the CPU the stock kernels would give these equalities too; what these tests pin is the plumbing
+(which kernels run, with which arguments, on which path) and the bookkeeping. The bf16 proof on
+the H200 is `tests/gpu/test_exact_mode.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2.engine import speculative_generate
+from dflash2.engine import cache as cache_mod
+from dflash2.engine.inputs import GenerateInputError, check_generate_inputs
+from dflash2.engine.settings import EXACT_SPLIT_KEYS
+from dflash2.evaluation.oracle import OracleProposer
+from dflash2.target import TargetModel
+from tests.engine.helpers import tiny_qwen3
+from tests.engine.test_graph_step import fake_graphs  # noqa: F401 (fixture)
+
+V = 300
+W = 8
+PROMPTS = [torch.tensor([3, 1, 4, 1, 5, 9, 2, 6]), torch.tensor([2, 7, 1, 8, 2, 8]),
+           torch.tensor([1, 4, 1, 4, 2, 1, 3, 5, 6, 2, 3])]
+FIVE = PROMPTS + [torch.tensor([9, 9, 8, 2, 4]), torch.tensor([5, 3, 5, 8, 9, 7, 9])]  # 5 x W = 40 rows > 32
+MAX_NEW = 6
+
+
+@pytest.fixture(scope="module")
+def target():
+    pytest.importorskip("triton")
+    from dflash2.kernels.dispatch import triton_interpreter_enabled
+
+    if not triton_interpreter_enabled():
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py on machines without CUDA)")
+    return TargetModel(tiny_qwen3(vocab=V, hidden=64, layers=2, seed=0).to(torch.bfloat16).eval())
+
+
+def _run(target, drafter, rows, max_new_tokens=MAX_NEW, **kw):
+    return speculative_generate(target, drafter, rows, max_new_tokens=max_new_tokens, exact=True, exact_block_size=W,
+                                exact_impl="invariant", **kw)
+
+
+def _oracle(ar, accept_prob=0.9):
+    return OracleProposer([s.tolist() for s in ar.sequences], seeds=list(range(len(ar.sequences))), block_size=W,
+                          accept_prob=accept_prob, vocab_size=V)
+
+
+def test_the_invariant_kernels_run_batched(target, monkeypatch):
+    import dflash2.kernels.linear as linear
+    import dflash2.kernels.row_mean as row_mean
+
+    seen = {"linear_rows": [], "means": 0, "splits": [], "forwards": []}
+    real_lin, real_mean, real_attn = linear.small_m_linear, row_mean.row_mean, cache_mod.row_attention_kernel
+
+    def lin(*a, **k):
+        seen["linear_rows"].append(a[0].numel() // a[0].shape[-1])
+        return real_lin(*a, **k)
+
+    def mean(*a, **k):
+        seen["means"] += 1
+        return real_mean(*a, **k)
+
+    def attn(*a, **k):
+        seen["splits"].append((k.get("impl"), k.get("split_keys")))
+        return real_attn(*a, **k)
+
+    monkeypatch.setattr(linear, "small_m_linear", lin)
+    monkeypatch.setattr(row_mean, "row_mean", mean)
+    monkeypatch.setattr(cache_mod, "row_attention_kernel", attn)
+    hook = target.model.register_forward_pre_hook(
+        lambda _m, args, kw: seen["forwards"].append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        out = _run(target, None, FIVE, max_new_tokens=3)
+    finally:
+        hook.remove()
+    b = len(FIVE)
+    prefill = [(1, p.numel()) for p in FIVE]
+    assert seen["forwards"][:b] == prefill  # the prompt row by row, as in rows mode
+    assert set(seen["forwards"][b:]) == {(b, W)}  # then one batched forward of the padded width per step
+    assert b * W > 32 and b * W in seen["linear_rows"]  # past one row tile of the small-M kernel
+    assert seen["means"] > 0
+    layers = target.config.num_hidden_layers
+    prefill_calls = [c for c in seen["splits"] if c[0] == "torch"]
+    assert len(prefill_calls) == b * layers  # the prompts (SDPA with a mask), row by row
+    assert {c for c in seen["splits"] if c[0] != "torch"} == {("triton", EXACT_SPLIT_KEYS)}  # every step: fixed splits
+    assert all(len(g) == 3 for g in out.generated)
+
+
+def test_speculative_equals_ar_and_rows_equal_alone(target):
+    ar = _run(target, None, PROMPTS)
+    alone = [_run(target, None, [p]) for p in PROMPTS]
+    for i, one in enumerate(alone):
+        assert torch.equal(one.sequences[0], ar.sequences[i]), f"row {i} changed with its batch"
+    for n in (3, 7):
+        spec = _run(target, _oracle(ar), PROMPTS, num_speculative_tokens=n)
+        steps = sum(map(len, spec.accepted))
+        assert sum(map(sum, spec.accepted)) / steps >= 1.0  # it really accepts
+        for a, s in zip(ar.sequences, spec.sequences):
+            assert torch.equal(a, s), f"N={n}"
+
+
+def test_the_graph_path_equals_the_eager_loop(target, fake_graphs):  # noqa: F811
+    from dflash2.evaluation.oracle import DeviceOracleProposer
+
+    eager = _run(target, None, PROMPTS, graphs=False)
+    refs = [s.tolist() for s in eager.sequences]
+    oracle = DeviceOracleProposer(refs, [1, 2, 3], block_size=W, accept_prob=0.8, vocab_size=V, device="cpu")
+    for drafter, n in ((None, None), (oracle, 5)):
+        graphed = _run(target, drafter, PROMPTS, graphs=True, num_speculative_tokens=n)
+        assert [s.tolist() for s in graphed.sequences] == [s.tolist() for s in eager.sequences]
+        assert fake_graphs and fake_graphs[-1].replays > 0
+
+
+def test_exact_impl_is_resolved_and_checked(target):
+    common = dict(max_new_tokens=2, num_speculative_tokens=None, temperature=0.0, top_p=1.0, top_k=0, seed=0,
+                  stop_token_ids=None, impl="auto", timing=False, exact=True, exact_block_size=W)
+    auto = check_generate_inputs(target, None, PROMPTS, **common).settings
+    assert auto.exact_impl == "rows"  # auto: invariant on CUDA only
+    inv = check_generate_inputs(target, None, PROMPTS, exact_impl="invariant", **common).settings
+    assert inv.invariant_exact and inv.exact_impl == "invariant"
+    off = check_generate_inputs(target, None, PROMPTS, **{**common, "exact": False}).settings
+    assert not off.invariant_exact
+    with pytest.raises(GenerateInputError, match="exact_impl: is 'fast'"):
+        speculative_generate(target, None, PROMPTS, max_new_tokens=2, exact=True, exact_block_size=W,
+                             exact_impl="fast")
+    with pytest.raises(GenerateInputError, match="row-attention kernel does not take"):
+        speculative_generate(target, None, PROMPTS, max_new_tokens=2, exact=True, exact_block_size=64,
+                             exact_impl="invariant")
