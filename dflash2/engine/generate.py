@@ -47,7 +47,7 @@ token occupies (measured so on the H200); the GPU test `tests/gpu/test_exact_mod
 the end result. That is `exact_impl="rows"`: a padded forward per AR step and B one-row forwards
 per step instead of one batched forward, eagerly.
 
-`exact_impl="invariant"` (the default on CUDA where its kernels fit) keeps the padded width and
+`exact_impl="invariant"` (opt-in until its GPU proof has passed) keeps the padded width and
 the row-by-row prefill, and runs each later step as one batched forward, replayed from CUDA
 graphs like the normal step, through kernels whose per-row result does not depend on the number
 of rows, the other rows or the K/V bucket: every linear through the small-M kernel
@@ -205,8 +205,8 @@ def speculative_generate(
         exact_impl: how exact mode makes a row independent of its batch: `"rows"` (every target
             forward row by row, eagerly, with the stock kernels) | `"invariant"` (one batched
             forward through batch-invariant kernels, replayed from CUDA graphs: module docstring)
-            | `"auto"` (default: invariant on a CUDA target whose attention layout the kernel
-            takes at the padded width, else rows). Ignored outside exact mode.
+            | `"auto"` (default: rows, until the invariant path's bf16 proof on the GPU has passed).
+            Ignored outside exact mode.
     Returns:
         `SpeculativeOutput`.
     """

@@ -106,6 +106,9 @@ class EvalConfig:
             engine takes one seed per row), so batching never changes a sample's draws.
         exact: run the engine's exact mode (greedy speculative output equal to AR bit for bit,
             also in bf16); every departure from AR then fails the run.
+        exact_impl: auto | rows | invariant: how exact mode keeps a row independent of its
+            batch (`speculative_generate`'s `exact_impl`; auto = rows until the batch-invariant
+            path's GPU proof has passed; invariant = batched, graph-replayed, invariant kernels).
         compile_level: null | light | full: the engine's regional torch.compile of target and
             draft modules on CUDA (`dflash2.engine.compiled`; faster steps, a compile per shape
             class first; in bf16 greedy outputs may differ from an uncompiled run at near-ties,
@@ -139,6 +142,7 @@ class EvalConfig:
     seed: int = 0
     batch_size: int = 1
     exact: bool = False
+    exact_impl: str = "auto"
     compile_level: str | None = None
     attention_impl: str = "auto"
     compute_logprob: bool = True
@@ -188,6 +192,9 @@ def validate(cfg: Any) -> None:
     attention = getattr(cfg, "attention_impl", "auto")
     if attention not in IMPLS:
         raise ValueError(f"attention_impl={attention!r}: use one of {', '.join(IMPLS)}")
+    exact_impl = getattr(cfg, "exact_impl", "auto")
+    if exact_impl not in ("auto", "rows", "invariant"):
+        raise ValueError(f"exact_impl={exact_impl!r}: use auto, rows or invariant")
     if not 0.0 <= cfg.arms.oracle_accept_prob <= 1.0:
         raise ValueError(f"arms.oracle_accept_prob={cfg.arms.oracle_accept_prob}: must be in [0, 1]")
 

@@ -354,7 +354,8 @@ class EvalRunner:
             refs = [p + ar_by_id[s]["tokens"] for p, s in zip(prompts, sids)]
         draft = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl, references=refs,
                               seeds=seeds, accept_prob=cfg.arms.oracle_accept_prob)
-        kw = {"exact": True, "exact_block_size": self.exact_width} if cfg.exact else {}
+        kw = ({"exact": True, "exact_block_size": self.exact_width, "exact_impl": getattr(cfg, "exact_impl", "auto")}
+              if cfg.exact else {})
         level = getattr(cfg, "compile_level", None)
         if level is not None and self.target.device.type == "cuda":  # the CPU runs the stock modules
             kw["compile_level"] = level

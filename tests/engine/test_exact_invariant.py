@@ -121,7 +121,7 @@ def test_exact_impl_is_resolved_and_checked(target):
     common = dict(max_new_tokens=2, num_speculative_tokens=None, temperature=0.0, top_p=1.0, top_k=0, seed=0,
                   stop_token_ids=None, impl="auto", timing=False, exact=True, exact_block_size=W)
     auto = check_generate_inputs(target, None, PROMPTS, **common).settings
-    assert auto.exact_impl == "rows"  # auto: invariant on CUDA only
+    assert auto.exact_impl == "rows"  # auto: rows until the invariant path has passed its GPU proof
     inv = check_generate_inputs(target, None, PROMPTS, exact_impl="invariant", **common).settings
     assert inv.invariant_exact and inv.exact_impl == "invariant"
     off = check_generate_inputs(target, None, PROMPTS, **{**common, "exact": False}).settings
