@@ -27,6 +27,17 @@ under capture), so on CUDA it replays from CUDA graphs, one per K/V bucket
 row count on the graph path and is kept on the target, graphs included, for the next call with
 the same settings.
 
+What each mode guarantees:
+- greedy, normal mode: the output is the target's greedy path as this engine computes it. In
+  fp32 it equals AR's; in bf16 a verify block's kernels may flip a 0-1 ulp top-2 tie, so a
+  speculative row can leave the AR row there (eval/run.py records each departure with its margin);
+- sampled (T > 0), any mode: every token follows the target's distribution (speculative
+  sampling; tests/engine/test_sampling.py checks it statistically);
+- greedy, exact mode: speculative output equals the exact AR output of the same
+  `exact_block_size` bit for bit, in any dtype, and each batch row equals the same prompt run
+  alone; `exact_impl="rows"` is proven on the H200 in bf16, `"invariant"` on CPU so far
+  (tests/gpu/test_exact_mode.py runs both).
+
 Exact mode (`exact=True`): in bf16 on a GPU a 16-token verify runs other GEMM and attention
 shapes than a 1-token decode, so top-2 near-ties (0-1 bf16 ulp apart) can flip and greedy
 speculative output can leave the AR path without any bug. Exact mode makes every target forward
