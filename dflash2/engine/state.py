@@ -261,6 +261,8 @@ class DecodeState:
         self.cache.set_lengths(self.plens)
         if hasattr(self.proposer, "cache"):  # a DFlash2 proposer's draft context cache starts empty
             self.proposer.cache.reset()
+        if self.linear_mode is not None:  # fused copies of the target's weights follow in-place updates
+            self.linear_mode.refresh_fused()
 
     def target_probs_input(self, logits: torch.Tensor) -> torch.Tensor:
         """What `verify_block` reads for the target: filtered logits when sampling, fp32 logits when

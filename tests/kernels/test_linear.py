@@ -358,6 +358,13 @@ def test_fused_qkv_is_one_launch_with_each_members_output(monkeypatch, triton_de
     assert torch.allclose(k_other, ref(attn.k_proj, other), rtol=1e-4, atol=1e-5)
     assert torch.allclose(v, ref(attn.v_proj, x), rtol=1e-4, atol=1e-5)
     assert torch.allclose(k_first, ref(model.model.layers[1].self_attn.k_proj, x), rtol=1e-4, atol=1e-5)
+    with torch.no_grad():  # weights updated in place reach the fused launch after a refresh
+        attn.k_proj.weight.mul_(2.0)
+        groups[0].refresh()
+        with SmallMLinearMode("triton", triton_device, fused=groups):
+            attn.q_proj(x)
+            k2 = attn.k_proj(x)
+    assert torch.allclose(k2, ref(attn.k_proj, x), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="at least two"):
         FusedLinears([attn.q_proj])
     with pytest.raises(ValueError, match="in_features"):

@@ -241,7 +241,8 @@ class FusedLinears:
         linears: the `nn.Linear` modules, in the order the model calls them; same `in_features`,
             dtype and device, all with a bias or none.
     Attributes:
-        weight: `[sum N_i, K]`, a copy (the modules keep their own weights); bias likewise or None.
+        weight: `[sum N_i, K]`, a copy (the modules keep their own weights; `refresh` copies them
+            again); bias likewise or None.
         sizes: each member's `N_i`. keys: each member's weight identity and storage
             (`(id, data_ptr)`): a replaced weight no longer matches, and its calls run unfused.
     """
@@ -262,6 +263,16 @@ class FusedLinears:
                          torch.cat([lin.bias.detach() for lin in linears]).contiguous())
         self.sizes = [int(lin.weight.shape[0]) for lin in linears]
         self.keys = [(id(lin.weight), lin.weight.data_ptr()) for lin in linears]
+        self._linears = linears
+
+    def refresh(self) -> None:
+        """Copy the members' current weights into the concatenated ones, in place (the same
+        storage, so captured graphs keep reading it): weights updated in place since the copy
+        was made reach the fused launch too."""
+        with torch.no_grad():
+            torch.cat([lin.weight.detach() for lin in self._linears], out=self.weight)
+            if self.bias is not None:
+                torch.cat([lin.bias.detach() for lin in self._linears], out=self.bias)
 
 
 def fusable_groups(model: torch.nn.Module) -> list[FusedLinears]:
@@ -334,6 +345,12 @@ class SmallMLinearMode(TorchFunctionMode):
         # model asks for them with that same input tensor.
         self._fused = {g.keys[0]: g for g in (fused or [])}
         self._pending: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def refresh_fused(self) -> None:
+        """`FusedLinears.refresh` for every fused group (the engine calls it at the start of
+        each call, so in-place weight updates between calls are seen)."""
+        for group in self._fused.values():
+            group.refresh()
 
     def config_for(self, n: int, k: int, dtype: torch.dtype) -> LinearConfig:
         """The tiling for `weight [n, k]`: an entry of `configs`, else `default_config`."""
