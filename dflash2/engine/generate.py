@@ -27,6 +27,17 @@ under capture), so on CUDA it replays from CUDA graphs, one per K/V bucket
 row count on the graph path and is kept on the target, graphs included, for the next call with
 the same settings.
 
+What each mode guarantees:
+- greedy, normal mode: the output is the target's greedy path as this engine computes it. In
+  fp32 it equals AR's; in bf16 a verify block's kernels may flip a 0-1 ulp top-2 tie, so a
+  speculative row can leave the AR row there (eval/run.py records each departure with its margin);
+- sampled (T > 0), any mode: every token follows the target's distribution (speculative
+  sampling; tests/engine/test_sampling.py checks it statistically);
+- greedy, exact mode: speculative output equals the exact AR output of the same
+  `exact_block_size` bit for bit, in any dtype, and each batch row equals the same prompt run
+  alone; `exact_impl="rows"` is proven on the H200 in bf16, `"invariant"` on CPU so far
+  (tests/gpu/test_exact_mode.py runs both).
+
 Exact mode (`exact=True`): in bf16 on a GPU a 16-token verify runs other GEMM and attention
 shapes than a 1-token decode, so top-2 near-ties (0-1 bf16 ulp apart) can flip and greedy
 speculative output can leave the AR path without any bug. Exact mode makes every target forward
@@ -200,8 +211,10 @@ def speculative_generate(
         linear_impl: the target's and the draft's linear layers at decode and verify sizes (at
             most 32 rows): `"torch"` (default, `F.linear`) | `"triton"` (the small-M
             weight-streaming kernel, `dflash2.kernels.linear`, through a function mode owned by the
-            decoding state; under `compile_level` the compiled modules call it as an opaque operator)
-            | `"auto"` (Triton on CUDA). Not with exact mode, which picks its own kernels.
+            decoding state; under `compile_level` the compiled modules call it as an opaque operator;
+            outside `compile_level="full"` each attention's q/k/v run as one launch over a copy of
+            their concatenated weights, about 1/8 of the linear bytes more memory at the Qwen3-8B
+            shape) | `"auto"` (Triton on CUDA). Not with exact mode, which picks its own kernels.
         exact_impl: how exact mode makes a row independent of its batch: `"rows"` (every target
             forward row by row, eagerly, with the stock kernels) | `"invariant"` (one batched
             forward through batch-invariant kernels, replayed from CUDA graphs: module docstring)

@@ -35,7 +35,7 @@ from dflash2.engine.draft import DraftStep, Proposal
 from dflash2.engine.reports import REPORT_ROWS, StepReports
 from dflash2.engine.settings import EXACT_SPLIT_KEYS, EngineSettings
 from dflash2.engine.sampling import filter_logits, invalid_rows
-from dflash2.kernels.linear import SmallMLinearMode
+from dflash2.kernels.linear import SmallMLinearMode, fusable_groups
 from dflash2.kernels.verify import verify_block
 from dflash2.target import TargetModel
 
@@ -185,8 +185,13 @@ class DecodeState:
 
             self.linear_mode = SmallMLinearMode("triton", device, max_rows=None)
             self.mean_mode = RowMeanMode("triton", device)
+        elif engine.linear_impl == "triton":
+            # Each attention's q/k/v as one launch, except where dynamo traces the attention
+            # modules (compile level "full": each linear runs there as its own operator).
+            fused = fusable_groups(tgt.model) if engine.compile_level != "full" else None
+            self.linear_mode = SmallMLinearMode("triton", device, fused=fused)
         else:
-            self.linear_mode = SmallMLinearMode(engine.linear_impl, device) if engine.linear_impl == "triton" else None
+            self.linear_mode = None
         self.trash = max_len  # the column of `tokens` that absorbs masked writes
         longs = dict(dtype=torch.long, device=device)
         self.tokens = torch.zeros(batch, max_len + 1, **longs)
@@ -256,6 +261,8 @@ class DecodeState:
         self.cache.set_lengths(self.plens)
         if hasattr(self.proposer, "cache"):  # a DFlash2 proposer's draft context cache starts empty
             self.proposer.cache.reset()
+        if self.linear_mode is not None:  # fused copies of the target's weights follow in-place updates
+            self.linear_mode.refresh_fused()
 
     def target_probs_input(self, logits: torch.Tensor) -> torch.Tensor:
         """What `verify_block` reads for the target: filtered logits when sampling, fp32 logits when

@@ -142,6 +142,26 @@ def end_to_end_rows(summary: dict) -> list[list[str]]:
              _pct(e.get("host_fraction")), _pct(e.get("analysis_fraction"))] for arm, e in per_arm.items()]
 
 
+def identity_line(summary: dict) -> str | None:
+    """One sentence on losslessness for the report's header: at T = 0, how many speculative records
+    were bit-identical to the AR arm and how many departed, and whether exact mode was on (its width);
+    at T > 0, that outputs follow the target's law and are not compared token by token. None when the
+    summary has no identity check (no speculative arm)."""
+    ident = summary.get("checks", {}).get("identical_to_ar")
+    if not ident or not ident.get("records"):
+        return None
+    temps = summary.get("temperatures", [])
+    mode = (f"exact mode on (every forward {summary.get('exact_block_size')} wide, exact_impl "
+            f"{summary.get('exact_impl')})" if summary.get("exact") else "exact mode off")
+    if any(float(t) > 0 for t in temps):
+        return (f"Sampled (T = {', '.join(f'{t:g}' for t in temps)}): outputs follow the target's distribution "
+                f"and are not compared token by token; {mode}.")
+    n, bad = int(ident["records"]), int(ident.get("n_differing", 0))
+    verdict = "all bit-identical to the AR arm" if bad == 0 else f"{n - bad} bit-identical to the AR arm, {bad} departed"
+    tail = "" if bad == 0 or summary.get("exact") else " (bf16 near-ties flip without exact mode; see the departures)"
+    return f"Greedy: {n} speculative records, {verdict}; {mode}{tail}."
+
+
 def _end_to_end_lines(summary: dict) -> list[str]:
     """The terminal's end-to-end lines: a heading, then one line per arm."""
     e2e = summary.get("end_to_end")
@@ -182,6 +202,9 @@ def print_summary(summary: dict, file: TextIO | None = None) -> None:
     temps = ", ".join(f"{t:g}" for t in summary.get("temperatures", []))
     print(f"\n{summary['n_samples']} samples ({', '.join(summary['datasets'])}), T = {temps}; "
           "tau includes the bonus token", file=out)
+    line = identity_line(summary)
+    if line:
+        print(line, file=out)
     print(_text_table(COLUMNS, summary_rows(summary)), file=out)
     if len(summary["datasets"]) > 1:
         for ds in summary["datasets"]:
@@ -482,7 +505,8 @@ def write_report(out_dir: str | Path, records: list[dict], summary: dict, config
     conv = summary.get("conventions", {})
     cfg = json.dumps(config, indent=2, default=str) if config else None
 
-    md = ["# DFlash2 evaluation report", "", head, ""]
+    ident = identity_line(summary)
+    md = ["# DFlash2 evaluation report", "", head, ""] + ([f"**{ident}**", ""] if ident else [])
     md += [f"- note: {n}" for n in summary.get("notes", [])] + [""]
     for title, header, rows in sections:
         md += [f"## {title}", "", md_table(header, rows), ""]
@@ -493,6 +517,8 @@ def write_report(out_dir: str | Path, records: list[dict], summary: dict, config
     (out / "report.md").write_text("\n".join(md))
 
     body = [f"<h1>DFlash2 evaluation report</h1><p>{html.escape(head)}</p>"]
+    if ident:
+        body.append(f"<p><b>{html.escape(ident)}</b></p>")
     if summary.get("notes"):
         body.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in summary["notes"]) + "</ul>")
     for title, header, rows in sections:

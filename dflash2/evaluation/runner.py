@@ -477,6 +477,8 @@ def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = 
     summary["checks"] = run_checks(records, cfg.checks, exact=bool(cfg.exact))
     widths = sorted({r.get("exact_block_size") for r in records} - {None})
     summary["exact_block_size"] = widths[0] if len(widths) == 1 else (widths or None)
+    summary["exact"] = bool(cfg.exact)
+    summary["exact_impl"] = getattr(cfg, "exact_impl", "auto") if cfg.exact else None
     if runner is not None:
         summary["run_id"], summary["prompt_format"] = runner.run_id, runner.fmt.to_dict()
         summary["end_to_end"] = runner.end_to_end()  # this process's timed chunks (rank 0's when sharded)

@@ -192,3 +192,34 @@ def test_conventions_print_numbers_not_variable_names(run, tmp_path):
         conventions = text[text.index("Conventions"):]
         assert "speedup_batches" not in conventions and f"dflash2@N=5: {batches}" in conventions
         assert not re.search(r"\{[a-z_]+\}", conventions)  # no unformatted placeholder either
+
+
+def test_header_states_whether_outputs_were_identical_to_ar(tmp_path, capsys):
+    """The losslessness sentence: greedy counts (all identical, or how many departed, with the
+    exact-mode state and width), sampled runs say they are not compared token by token; it heads
+    the terminal summary, report.md and report.html; no sentence without a speculative arm."""
+    from dflash2.evaluation.report import identity_line
+
+    base = {"temperatures": [0.0], "exact": True, "exact_block_size": 16, "exact_impl": "rows",
+            "checks": {"identical_to_ar": {"records": 48, "n_differing": 0, "differing": []}}}
+    assert identity_line(base) == ("Greedy: 48 speculative records, all bit-identical to the AR arm; exact mode on "
+                                   "(every forward 16 wide, exact_impl rows).")
+    departed = {**base, "exact": False, "checks": {"identical_to_ar": {"records": 48, "n_differing": 5}}}
+    line = identity_line(departed)
+    assert "43 bit-identical to the AR arm, 5 departed" in line and "exact mode off" in line and "near-ties" in line
+    sampled = {**base, "temperatures": [1.0]}
+    assert identity_line(sampled).startswith("Sampled (T = 1): outputs follow the target's distribution")
+    assert identity_line({"checks": {}}) is None and identity_line({"checks": {"identical_to_ar": {"records": 0}}}) is None
+
+    records = synthetic_records()
+    summary = summarize(records, n_resamples=100)
+    summary["checks"] = {"identical_to_ar": {"records": sum(r["arm_kind"] != "ar" for r in records),
+                                             "n_differing": 0}}
+    summary.update(exact=False, exact_block_size=None)
+    expected = identity_line(summary)
+    assert expected
+    print_summary(summary)
+    assert expected in capsys.readouterr().out
+    write_report(tmp_path, records, summary)
+    assert expected in (tmp_path / "report.md").read_text()
+    assert expected in (tmp_path / "report.html").read_text()

@@ -369,8 +369,12 @@ def test_every_arm_of_an_exact_run_gets_the_same_padded_width(tmp_path):
     recs = read_records(out / "records.jsonl")
     assert {r["arm_kind"] for r in recs} == {"ar", "spec", "selector_off", "oracle"}
     assert {r["arm"]: r["exact_block_size"] for r in recs} == {r["arm"]: 8 for r in recs}
-    assert json.loads((out / "summary.json").read_text())["exact_block_size"] == 8
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exact_block_size"] == 8 and summary["exact"] is True and summary["exact_impl"] == "auto"
     assert all(r["identical_to_ar"] for r in recs if r["arm_kind"] != "ar")
+    n_spec = sum(r["arm_kind"] != "ar" for r in recs)
+    assert (f"Greedy: {n_spec} speculative records, all bit-identical to the AR arm; exact mode on (every forward 8 "
+            "wide, exact_impl auto)." in (out / "report.md").read_text())
 
 
 def test_exact_width_widens_to_the_largest_verify_block():

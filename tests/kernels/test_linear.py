@@ -314,3 +314,58 @@ def test_pdl_chain_waits_for_its_input(cuda_device):
         torch.cuda.synchronize()
         outs[pdl] = y.clone()
     assert torch.equal(outs[True], outs[False])
+
+
+def test_fused_qkv_is_one_launch_with_each_members_output(monkeypatch, triton_device):
+    """`fusable_groups` finds each attention's q/k/v; under the mode the first member's call runs one
+    launch over the concatenated weights and the others return their slices for the same input;
+    another input, or a member called first, runs unfused; outputs match the unfused mode's."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from dflash2.kernels.linear import FusedLinears, fusable_groups
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=80, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8)
+    model = Qwen3ForCausalLM(cfg).to(triton_device).eval()
+    groups = fusable_groups(model)
+    assert len(groups) == 2 and groups[0].sizes == [32, 16, 16] and groups[0].weight.shape == (64, 32)
+    launches = []
+    real = lin._small_m_linear_triton
+    monkeypatch.setattr(lin, "_small_m_linear_triton", lambda x, w, b, c, t: launches.append(tuple(w.shape))
+                        or real(x, w, b, c, t))
+    ids = torch.tensor([[3, 5, 7]], device=triton_device)
+    with torch.no_grad():
+        with SmallMLinearMode("triton", triton_device):
+            plain = model(ids).logits
+        n_plain = len(launches)
+        launches.clear()
+        fused_mode = SmallMLinearMode("triton", triton_device, fused=groups)
+        with fused_mode:
+            fused = model(ids).logits
+        assert not fused_mode._pending  # every slice was taken, nothing outlives the block
+    assert len(launches) == n_plain - 2 * 2 and launches.count((64, 32)) == 2  # 3 launches -> 1 per layer
+    assert torch.allclose(fused, plain, rtol=1e-4, atol=1e-5)
+    attn = model.model.layers[0].self_attn
+    x, other = torch.randn(1, 3, 32, device=triton_device), torch.randn(1, 3, 32, device=triton_device)
+    with torch.no_grad(), SmallMLinearMode("triton", triton_device, fused=groups):
+        q = attn.q_proj(x)
+        k_other = attn.k_proj(other)  # another input: its own launch, not x's slice
+        v = attn.v_proj(x)
+        k_first = model.model.layers[1].self_attn.k_proj(x)  # a member called before its group's first
+    ref = lambda m, t: F.linear(t, m.weight, m.bias)  # noqa: E731
+    assert torch.allclose(q, ref(attn.q_proj, x), rtol=1e-4, atol=1e-5)
+    assert torch.allclose(k_other, ref(attn.k_proj, other), rtol=1e-4, atol=1e-5)
+    assert torch.allclose(v, ref(attn.v_proj, x), rtol=1e-4, atol=1e-5)
+    assert torch.allclose(k_first, ref(model.model.layers[1].self_attn.k_proj, x), rtol=1e-4, atol=1e-5)
+    with torch.no_grad():  # weights updated in place reach the fused launch after a refresh
+        attn.k_proj.weight.mul_(2.0)
+        groups[0].refresh()
+        with SmallMLinearMode("triton", triton_device, fused=groups):
+            attn.q_proj(x)
+            k2 = attn.k_proj(x)
+    assert torch.allclose(k2, ref(attn.k_proj, x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="at least two"):
+        FusedLinears([attn.q_proj])
+    with pytest.raises(ValueError, match="in_features"):
+        FusedLinears([attn.q_proj, model.model.layers[0].mlp.down_proj])

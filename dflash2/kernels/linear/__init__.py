@@ -50,7 +50,7 @@ except ImportError:  # triton missing: only impl="torch" works (resolve_impl say
     _tk = None
 
 __all__ = ["small_m_linear", "linear_reference", "kernel_fits", "LinearConfig", "default_config",
-           "ticket_buffer", "SmallMLinearMode", "MAX_ROWS", "DTYPES"]
+           "ticket_buffer", "SmallMLinearMode", "FusedLinears", "fusable_groups", "MAX_ROWS", "DTYPES"]
 
 MAX_ROWS = 32  # decode / verify blocks; the row tile is always this wide (row invariance)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -231,6 +231,65 @@ def _small_m_linear_fake(x, weight, bias, tickets, block_n, block_k, split_k, nu
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
+class FusedLinears:
+    """Linears that read the same input (an attention's q/k/v), run as one kernel launch over
+    their concatenated weights: one launch streams the three matrices, where three launches
+    would each pay the kernel's fixed cost (docs/PERFORMANCE.md: the small k/v matrices read at
+    about a third of copy bandwidth alone).
+
+    Args:
+        linears: the `nn.Linear` modules, in the order the model calls them; same `in_features`,
+            dtype and device, all with a bias or none.
+    Attributes:
+        weight: `[sum N_i, K]`, a copy (the modules keep their own weights; `refresh` copies them
+            again); bias likewise or None.
+        sizes: each member's `N_i`. keys: each member's weight identity and storage
+            (`(id, data_ptr)`): a replaced weight no longer matches, and its calls run unfused.
+    """
+
+    def __init__(self, linears) -> None:
+        linears = list(linears)
+        if len(linears) < 2:
+            raise ValueError("a fused group needs at least two linears")
+        w0 = linears[0].weight
+        if any(lin.weight.shape[1] != w0.shape[1] or lin.weight.dtype != w0.dtype or lin.weight.device != w0.device
+               for lin in linears):
+            raise ValueError("fused linears must share in_features, dtype and device")
+        if len({lin.bias is None for lin in linears}) != 1:
+            raise ValueError("fused linears must all have a bias or none")
+        with torch.no_grad():
+            self.weight = torch.cat([lin.weight.detach() for lin in linears]).contiguous()
+            self.bias = (None if linears[0].bias is None else
+                         torch.cat([lin.bias.detach() for lin in linears]).contiguous())
+        self.sizes = [int(lin.weight.shape[0]) for lin in linears]
+        self.keys = [(id(lin.weight), lin.weight.data_ptr()) for lin in linears]
+        self._linears = linears
+
+    def refresh(self) -> None:
+        """Copy the members' current weights into the concatenated ones, in place (the same
+        storage, so captured graphs keep reading it): weights updated in place since the copy
+        was made reach the fused launch too."""
+        with torch.no_grad():
+            torch.cat([lin.weight.detach() for lin in self._linears], out=self.weight)
+            if self.bias is not None:
+                torch.cat([lin.bias.detach() for lin in self._linears], out=self.bias)
+
+
+def fusable_groups(model: torch.nn.Module) -> list[FusedLinears]:
+    """One `FusedLinears` per module of `model` with `q_proj`, `k_proj` and `v_proj` linears that
+    can fuse (stock attention modules), in module order. Their weights are copied: about the
+    q/k/v share of the linear bytes (1/8 at the Qwen3-8B shape) more memory."""
+    groups = []
+    for module in model.modules():
+        lins = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+        if all(isinstance(lin, torch.nn.Linear) for lin in lins):
+            try:
+                groups.append(FusedLinears(lins))
+            except ValueError:
+                continue  # shapes or dtypes that do not fuse: those linears run one by one
+    return groups
+
+
 class SmallMLinearMode(TorchFunctionMode):
     """Inside `with SmallMLinearMode(impl, device):`, `F.linear` runs the small-M kernel where it
     fits and `F.linear` itself everywhere else, so stock `nn.Linear` modules (the target's
@@ -249,9 +308,16 @@ class SmallMLinearMode(TorchFunctionMode):
         max_rows: the most rows routed (default `MAX_ROWS`: decode and verify blocks, where the
             kernel beats cuBLAS); None routes every row count (exact mode, for the row
             invariance across any batch).
+        fused: groups of linears that read the same input (`fusable_groups(model)`), each run as
+            one launch.
 
-    The mode's only state is its split-K `tickets` (zero between calls, so it may be captured in
-    CUDA graphs and replayed); calls through one mode must be stream-ordered. The CUDA-graph
+    The mode's state is its split-K `tickets` (zero between calls, so it may be captured in CUDA
+    graphs and replayed) and, with `fused` groups (`fusable_groups`: each attention's q/k/v),
+    their concatenated weights and the outputs waiting for the group's later members; calls
+    through one mode must be stream-ordered. A fused group runs one launch over its
+    concatenated weights when its first member is called; the others return their slices of
+    it when called with the same input tensor (eager and graph capture; under `torch.compile`
+    each linear runs on its own). The CUDA-graph
     contract is otherwise `small_m_linear`'s. Around `torch.compile`d modules, dynamo traces the
     routing (the row count becomes a guard) and emits the opaque `dflash2::small_m_linear`
     operator, which runs the same kernel with the same tiling, so compiled and eager calls give
@@ -259,7 +325,8 @@ class SmallMLinearMode(TorchFunctionMode):
     """
 
     def __init__(self, impl: str, device: torch.device | str,
-                 configs: dict[tuple[int, int], LinearConfig] | None = None, max_rows: int | None = MAX_ROWS) -> None:
+                 configs: dict[tuple[int, int], LinearConfig] | None = None, max_rows: int | None = MAX_ROWS,
+                 fused: list[FusedLinears] | None = None) -> None:
         super().__init__()
         if impl not in ("torch", "triton"):
             raise ValueError(f"impl must be a resolved 'torch' or 'triton', got {impl!r}")
@@ -273,6 +340,17 @@ class SmallMLinearMode(TorchFunctionMode):
         # Split-K counters, zero between calls (each call leaves them so): calls through one mode
         # must be stream-ordered, as one stream or one graph's replays are.
         self.tickets = ticket_buffer(self.device) if impl == "triton" else None
+        # Fused groups by their first member's weight key; later members' outputs wait in
+        # `_pending` (by weight key: (the input it was computed for, the output slice)) until the
+        # model asks for them with that same input tensor.
+        self._fused = {g.keys[0]: g for g in (fused or [])}
+        self._pending: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def refresh_fused(self) -> None:
+        """`FusedLinears.refresh` for every fused group (the engine calls it at the start of
+        each call, so in-place weight updates between calls are seen)."""
+        for group in self._fused.values():
+            group.refresh()
 
     def config_for(self, n: int, k: int, dtype: torch.dtype) -> LinearConfig:
         """The tiling for `weight [n, k]`: an entry of `configs`, else `default_config`."""
@@ -302,12 +380,43 @@ class SmallMLinearMode(TorchFunctionMode):
             x, weight = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             if self.routes(x, weight, bias):
-                config = self.config_for(weight.shape[0], weight.shape[1], x.dtype)
                 if torch.compiler.is_compiling():  # traced by dynamo: the opaque operator, same kernel
+                    config = self.config_for(weight.shape[0], weight.shape[1], x.dtype)
                     return _compiled_call(x, weight, bias, config, self.tickets)
+                fused = self._fused_output(x, weight, bias) if self._fused else None
+                if fused is not None:
+                    return fused
+                config = self.config_for(weight.shape[0], weight.shape[1], x.dtype)
                 return small_m_linear(x, weight, bias, impl="triton", config=config, tickets=self.tickets,
                                       max_rows=self.max_rows)
         return func(*args, **kwargs)
+
+    def _fused_output(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+        """The output of a fused group's member, or None (not a member, or another input).
+
+        The first member runs the group's one launch and leaves the other members' slices
+        pending for that same input tensor; a later member called with it gets its slice. A
+        member called with another input (or a group whose first member was skipped) runs
+        unfused, so the outputs are those of `F.linear` on the concatenated weights whatever
+        the call order."""
+        key = (id(weight), weight.data_ptr())
+        waiting = self._pending.pop(key, None)
+        if waiting is not None and waiting[0] is x:
+            return waiting[1]
+        group = self._fused.get(key)
+        if group is None or (bias is None) != (group.bias is None):
+            return None
+        config = self.config_for(group.weight.shape[0], group.weight.shape[1], x.dtype)
+        out = small_m_linear(x, group.weight, group.bias, impl="triton", config=config, tickets=self.tickets,
+                             max_rows=self.max_rows)
+        parts = out.split(group.sizes, dim=-1)
+        for member, part in zip(group.keys[1:], parts[1:]):
+            self._pending[member] = (x, part)
+        return parts[0]
+
+    def __exit__(self, *exc):
+        self._pending.clear()  # no output outlives the block that computed it
+        return super().__exit__(*exc)
 
 
 def _compiled_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: LinearConfig,
