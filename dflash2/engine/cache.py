@@ -128,6 +128,15 @@ class RowStaticLayer(CacheLayerMixin):
             self.values.zero_()
 
 
+def attention_heads(config) -> tuple[int, int, int]:
+    """`(query heads, K/V heads, head dim)` of a transformers decoder config (K/V heads default
+    to the query heads, the head dim to hidden_size / heads)."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return heads, kv_heads, head_dim
+
+
 class StaticTargetCache(Cache):
     """Engine-owned target cache: static buffers, per-row lengths, rollback = set lengths.
 
@@ -149,9 +158,8 @@ class StaticTargetCache(Cache):
             RowStaticLayer(self.state, window if t == "sliding_attention" else None) for t in layer_types[:n_layers]
         ]
         super().__init__(layers=layers)
-        nkv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.heads = (config.num_attention_heads, nkv, hd)  # query heads, K/V heads, head dim
+        self.heads = attention_heads(config)  # query heads, K/V heads, head dim
+        nkv, hd = self.heads[1:]
         self.windows = sorted({layer.sliding_window or FULL_WINDOW for layer in layers})
         self.early_initialization(batch_size, nkv, hd, dtype, device)
 

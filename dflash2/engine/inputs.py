@@ -76,13 +76,11 @@ def _exact_impl_arg(exact_impl, exact: bool, tgt: TargetModel, width: int) -> st
         _fail("exact_impl", f"is {exact_impl!r}", "use 'auto', 'rows' or 'invariant'")
     if exact_impl in ("rows", "auto"):
         return "rows"
+    from dflash2.engine.cache import attention_heads
     from dflash2.kernels.dispatch import triton_available, triton_interpreter_enabled
     from dflash2.kernels.row_attention import kernel_fits
 
-    cfg = tgt.config
-    heads = int(cfg.num_attention_heads)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    heads, kv_heads, head_dim = attention_heads(tgt.config)
     reasons = []
     if not triton_available():
         reasons.append("Triton is not installed")

@@ -53,6 +53,13 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + rotate_half(x) * sin
 
 
+def _context_counts(batch: int, c: int, context_lengths: torch.Tensor | None, device) -> torch.Tensor:
+    """`[B]` int64 valid new context entries per row: `context_lengths`, or all `c` of them."""
+    if context_lengths is None:
+        return torch.full((batch,), c, dtype=torch.long, device=device)
+    return context_lengths.to(device=device, dtype=torch.long)
+
+
 def _is_block_mask(mask) -> bool:
     return mask is not None and type(mask).__name__ == "BlockMask"
 
@@ -358,8 +365,7 @@ class DFlash2DraftModel(PreTrainedModel):
         if cache is not None:
             if attention_mask is not None:
                 raise ValueError("attention_mask is for cache-free (training) forwards")
-            counts = (torch.full((B,), c, dtype=torch.long, device=pos_blk.device)
-                      if context_lengths is None else context_lengths.to(device=pos_blk.device, dtype=torch.long))
+            counts = _context_counts(B, c, context_lengths, pos_blk.device)
             first_blk = cache.lengths + counts  # [B] the block's slots follow the row's valid context
             cache.check_capacity(c, first_blk + q)
             slots = (cache.slots_for(c), first_blk[:, None] + torch.arange(q, device=pos_blk.device))
@@ -403,8 +409,7 @@ class DFlash2DraftModel(PreTrainedModel):
         position_ids = position_ids.expand(B, -1)
         ctx = self.hidden_norm(self.fc(target_hidden))
         cos, sin = self.rotary_emb(ctx, position_ids)
-        counts = (torch.full((B,), c, dtype=torch.long, device=ctx.device) if context_lengths is None
-                  else context_lengths.to(device=ctx.device, dtype=torch.long))
+        counts = _context_counts(B, c, context_lengths, ctx.device)
         cache.check_capacity(c)
         slots = cache.slots_for(c)
         for layer in self.layers:
