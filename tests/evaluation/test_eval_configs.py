@@ -60,6 +60,21 @@ def test_inconsistent_settings_fail_with_the_fix(override, match):
         validate(cfg)
 
 
+def test_invariant_exact_mode_is_refused_before_work_where_its_kernels_cannot_run(monkeypatch):
+    import dflash2.kernels.dispatch as dispatch
+
+    cfg = _compose(["experiment=tiny_cpu", "exact=true", "exact_impl=invariant", "hardware.device=cpu"])
+    monkeypatch.setattr(dispatch, "triton_interpreter_enabled", lambda: False)
+    with pytest.raises(ValueError, match="exact_impl=invariant runs its kernels on CUDA"):
+        validate(cfg)
+    monkeypatch.setattr(dispatch, "triton_interpreter_enabled", lambda: True)  # the interpreter runs them
+    validate(cfg)
+    monkeypatch.setattr(dispatch, "triton_available", lambda: False)
+    with pytest.raises(ValueError, match="needs Triton"):
+        validate(cfg)
+    validate(_compose(["experiment=tiny_cpu", "exact=true", "exact_impl=rows", "hardware.device=cpu"]))
+
+
 def test_run_identity_ignores_output_and_logger_but_not_format():
     fmt = {"chat_template_sha": "abc", "enable_thinking": False, "hash": "h1"}
     a, _ = run_identity(_compose(["experiment=tiny_cpu", "output_dir=/a"]), fmt)
