@@ -192,23 +192,28 @@ class StaticTargetCache(Cache):
         self.state.kv_len = self.state.max_len if kv_len is None else min(int(kv_len), self.state.max_len)
         self.state.row, self.state.rows = row, rows
 
-    def attention_kwargs(self, kernel: str, exact: bool = False, split_keys: int | None = None) -> dict:
+    def attention_kwargs(self, kernel: str, exact: bool = False, split_keys: int | None = None,
+                         tile_queries: int | None = None) -> dict:
         """The attention kwargs of the forward just `prepare`d, for `row_attention`: the resolved
         kernel (`"torch" | "triton"`), exact mode, and, where the forward takes the mask path
         (the torch kernel, exact mode on CUDA, or shapes the Triton kernel refuses, such as
         prompts), the visibility masks `{window or FULL_WINDOW: [B, q, kv] bool}` built here once
         for every layer of the forward. `split_keys`: the Triton kernel with key splits of that
         many slots at fixed absolute boundaries (invariant exact mode), whatever `kernel` says;
-        the forward's shapes must fit it."""
+        the forward's shapes must fit it; `tile_queries` then fixes its query tile (a block of any
+        width up to it gives each query the same bits, `dflash2.kernels.row_attention`)."""
         pos = self.state.positions
         if pos is None:
             raise RuntimeError("StaticTargetCache.prepare(positions) must come before attention_kwargs")
         b, q = pos.shape
         if split_keys is not None:
-            if not kernel_fits(*self.heads[:2], q, self.heads[2]):
+            tile = q if tile_queries is None else int(tile_queries)
+            if q > tile or not kernel_fits(*self.heads[:2], tile, self.heads[2]):
                 raise ValueError(f"split_keys needs the Triton row-attention kernel, which does not take "
-                                 f"{self.heads[0]}/{self.heads[1]} heads x {q} queries x head_dim {self.heads[2]}")
-            return {"dfl2_kernel": "triton", "dfl2_exact": False, "dfl2_split_keys": int(split_keys)}
+                                 f"{self.heads[0]}/{self.heads[1]} heads x {q} queries (tile {tile}) x head_dim "
+                                 f"{self.heads[2]}")
+            return {"dfl2_kernel": "triton", "dfl2_exact": False, "dfl2_split_keys": int(split_keys),
+                    "dfl2_tile_queries": tile_queries}
         kw = {"dfl2_kernel": kernel, "dfl2_exact": exact}
         if kernel == "triton" and not (exact and pos.is_cuda) and kernel_fits(*self.heads[:2], q, self.heads[2]):
             return kw
@@ -238,6 +243,7 @@ def row_attention(
     dfl2_exact: bool = False,
     dfl2_masks: dict[int, torch.Tensor] | None = None,
     dfl2_split_keys: int | None = None,
+    dfl2_tile_queries: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Per-row masked attention over the static cache (registered as `"dfl2_row_static"`).
@@ -251,6 +257,7 @@ def row_attention(
             masks (`StaticTargetCache.attention_kwargs`); a mask missing there is built here.
         dfl2_split_keys: the Triton kernel with key splits at fixed absolute slots of this size
             (invariant exact mode: a row's output does not depend on the batch or the K/V length).
+        dfl2_tile_queries: with `dfl2_split_keys`, the kernel's fixed query tile (nor on the block width).
 
     Returns:
         `([B, q, nh, hd], None)`, like the stock attention functions.
@@ -266,7 +273,7 @@ def row_attention(
     window = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
     if dfl2_split_keys is not None:
         return row_attention_kernel(query, key, value, position_ids, window, scaling, impl="triton",
-                                    split_keys=dfl2_split_keys), None
+                                    split_keys=dfl2_split_keys, tile_queries=dfl2_tile_queries), None
     exact = query.is_cuda and dfl2_exact
     # The Triton kernel takes decode / verify blocks (no mask tensor: visibility comes from the
     # positions); prompts go through SDPA.

@@ -35,8 +35,8 @@ What each mode guarantees:
   sampling; tests/engine/test_sampling.py checks it statistically);
 - greedy, exact mode: speculative output equals the exact AR output of the same
   `exact_block_size` bit for bit, in any dtype, and each batch row equals the same prompt run
-  alone; `exact_impl="rows"` is proven on the H200 in bf16, `"invariant"` on CPU so far
-  (tests/gpu/test_exact_mode.py runs both).
+  alone; both `exact_impl`s are proven on the H200 in bf16 at the Qwen3-8B shape, with an
+  accepting oracle at N = 3, 7 and 15 and batches 1 and 8 (tests/gpu/test_exact_mode.py).
 
 Exact mode (`exact=True`): in bf16 on a GPU a 16-token verify runs other GEMM and attention
 shapes than a 1-token decode, so top-2 near-ties (0-1 bf16 ulp apart) can flip and greedy
@@ -58,15 +58,18 @@ token occupies (measured so on the H200); the GPU test `tests/gpu/test_exact_mod
 the end result. That is `exact_impl="rows"`: a padded forward per AR step and B one-row forwards
 per step instead of one batched forward, eagerly.
 
-`exact_impl="invariant"` (opt-in until its GPU proof has passed) keeps the padded width and
-the row-by-row prefill, and runs each later step as one batched forward, replayed from CUDA
-graphs like the normal step, through kernels whose per-row result does not depend on the number
-of rows, the other rows or the K/V bucket: every linear through the small-M kernel
-(`dflash2.kernels.linear`, fixed tiles of 32 rows and a fixed reduction order, any row count),
-attention through the row-attention kernel with key splits at fixed absolute slots
-(`EXACT_SPLIT_KEYS`, `dflash2.kernels.row_attention`), and the norms' mean through a per-row
-fixed-order reduction (`dflash2.kernels.row_mean`). Elementwise kernels (RoPE, activations,
-residuals, casts) and gathers are per element, so the same inputs give the same bits. Off by default (`exact=False`).
+`exact_impl="invariant"` (the default on CUDA) keeps the row-by-row prefill and runs each later
+step as one batched forward at the block's own width (1 for AR, N + 1 for a verify: no padding),
+replayed from CUDA graphs like the normal step, through kernels whose per-token result does not
+depend on the number of rows, the other rows, the block's width or the K/V bucket: every linear
+through the small-M kernel (`dflash2.kernels.linear`, fixed tiles of 32 rows and a fixed
+reduction order, any row count), attention through the row-attention kernel with key splits at
+fixed absolute slots (`EXACT_SPLIT_KEYS`) and a query tile fixed by `exact_block_size`
+(`tile_queries`, `dflash2.kernels.row_attention`), and the norms' mean through a per-row
+fixed-order reduction (`dflash2.kernels.row_mean`). `exact_block_size` is then the widest block
+the compared runs verify (the tile must hold it), not a padding. Elementwise kernels (RoPE, activations,
+residuals, casts) and gathers are per element, so the same inputs give the same bits. Off by
+default (`exact=False`).
 """
 
 from __future__ import annotations
@@ -191,8 +194,9 @@ def speculative_generate(
         exact: exact mode (module docstring): greedy speculative output equals AR output bit
             for bit in any dtype, and each row equals the same prompt run alone. Compare an exact
             run with an exact AR run of the same `exact_block_size`.
-        exact_block_size: padded width of every target forward in exact mode (default: the
-            draft's `block_size`); must exceed N. Required in exact mode without a draft (or
+        exact_block_size: exact mode's block width (default: the draft's `block_size`); must exceed
+            N: the padded width of every target forward with `exact_impl="rows"`, the attention's
+            fixed query tile with `"invariant"`. Required in exact mode without a draft (or
             with a proposer that has no `block_size`): runs compare bit for bit only at one width.
         graphs: replay the steady-state step from CUDA graphs (`dflash2.engine.graphs`). None
             (default) = on for a CUDA target outside exact mode whose proposer can be captured
@@ -204,6 +208,7 @@ def speculative_generate(
             draft's) small-kernel modules with `torch.compile` first, in place and once per model
             (`dflash2.engine.compiled`): fused norm / activation (and, "full", attention-side)
             kernels. The prefill stays uncompiled; each new shape class pays its compile once.
+            Not with exact mode.
         attention_impl: the target attention's kernel, `"auto"` (default: Triton on CUDA, the
             reference on CPU) | `"torch"` (SDPA with a per-row mask) | `"triton"`, resolved once
             (`dflash2.kernels.row_attention`; docs/PERFORMANCE.md compares the two). Exact mode
@@ -218,7 +223,7 @@ def speculative_generate(
         exact_impl: how exact mode makes a row independent of its batch: `"rows"` (every target
             forward row by row, eagerly, with the stock kernels) | `"invariant"` (one batched
             forward through batch-invariant kernels, replayed from CUDA graphs: module docstring)
-            | `"auto"` (default: rows, until the invariant path's bf16 proof on the GPU has passed).
+            | `"auto"` (default: invariant on a CUDA target whose kernels take it, else rows).
             Ignored outside exact mode.
     Returns:
         `SpeculativeOutput`.
@@ -259,8 +264,10 @@ def speculative_generate(
             torch.cuda.synchronize(device)
         return time.perf_counter()
 
-    # Width of every target forward after prefill: N + 1, or the padded exact-mode block.
-    width = engine.exact_block_size if exact else n_spec + 1
+    # Width of every target forward after prefill: N + 1, or the padded block of exact mode's rows
+    # impl. The invariant impl runs N + 1 wide: its kernels fix their tiles (the attention's query
+    # tile by exact_block_size), so a token's bits do not depend on the block it sits in.
+    width = engine.exact_block_size if exact and not engine.invariant_exact else n_spec + 1
     # Slots: prompt + max_new_tokens; the last block written reaches start + W - 1 <= P + max_new - 3 + W.
     max_len = p_max + max_new_tokens + width
     if exact:
@@ -317,8 +324,9 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
             prompt_pos = torch.arange(p_max, device=device)[None]
             pos = prompt_pos.expand(bsz, p_max)
             if exact:
-                first_logits, prefill_features = prefill_rows(tgt, rows, cache, layer_ids, p_max,
-                                                              state.engine.attention_impl)
+                with eager_forward(state.engine.compile_level is not None):  # prompt shapes: no compile
+                    first_logits, prefill_features = prefill_rows(tgt, rows, cache, layer_ids, p_max,
+                                                                  state.engine.attention_impl)
             else:
                 # ---- prefill of the real rows: prompts right-padded (loaded into `tokens`, zeros past
                 # each prompt); padding sits at slots the rows overwrite later.

@@ -67,14 +67,15 @@ def _graphs_arg(graphs, tgt: TargetModel, draft, exact: bool) -> bool:
     return not reasons if graphs is None else bool(graphs)
 
 
-def _exact_impl_arg(exact_impl, exact: bool, tgt: TargetModel, width: int) -> str:
-    """Resolve `exact_impl` (`"auto" | "rows" | "invariant"`). Auto = rows: the invariant path is
-    not the default until its bf16 proof on the GPU (tests/gpu/test_exact_mode.py) has passed.
+def resolve_exact_impl(exact_impl, exact: bool, tgt: TargetModel, width: int) -> str:
+    """Resolve `exact_impl` (`"auto" | "rows" | "invariant"`). Auto = `"invariant"` on a CUDA
+    target whose kernels can run it (proven in bf16 on the H200: tests/gpu/test_exact_mode.py),
+    `"rows"` everywhere else (on a CPU the interpreter would run the Triton kernels slowly).
     Refuses `"invariant"` where its kernels cannot run (no Triton; a CPU target without the
     interpreter; an attention layout the row-attention kernel does not take at the padded width)."""
     if exact_impl not in ("auto", "rows", "invariant"):
         _fail("exact_impl", f"is {exact_impl!r}", "use 'auto', 'rows' or 'invariant'")
-    if exact_impl in ("rows", "auto"):
+    if exact_impl == "rows" or (exact_impl == "auto" and tgt.device.type != "cuda"):
         return "rows"
     from dflash2.engine.cache import attention_heads
     from dflash2.kernels.dispatch import triton_available, triton_interpreter_enabled
@@ -89,6 +90,8 @@ def _exact_impl_arg(exact_impl, exact: bool, tgt: TargetModel, width: int) -> st
     if not kernel_fits(heads, kv_heads, width, head_dim):
         reasons.append(f"the row-attention kernel does not take {heads}/{kv_heads} heads x width {width} x "
                        f"head_dim {head_dim}")
+    if exact_impl == "auto":
+        return "rows" if reasons else "invariant"
     if exact and reasons:
         _fail("exact_impl", "is 'invariant' but " + "; ".join(reasons), "pass exact_impl='rows' (or 'auto')")
     return "invariant"
@@ -342,13 +345,13 @@ def check_generate_inputs(
     if limit is not None:
         _check_position_limit(rows, max_new, exact_block_size - 1 if exact else n_spec, int(limit))
     stops = _stop_ids(stop_token_ids, vocab)
-    exact_kind = _exact_impl_arg(exact_impl, exact, tgt, exact_block_size)
+    exact_kind = resolve_exact_impl(exact_impl, exact, tgt, exact_block_size)
     use_graphs = _graphs_arg(graphs, tgt, draft, exact and exact_kind == "rows")
     if compile_level is not None and compile_level not in COMPILE_LEVELS:
         _fail("compile_level", f"is {compile_level!r}", f"pass None (off) or one of {COMPILE_LEVELS}")
     if compile_level is not None and exact:
-        _fail("compile_level", f"is {compile_level!r} with exact=True (compiled kernels sum in other orders than "
-              "the stock ones, and exact mode pins the stock kernels)", "drop one of the two")
+        _fail("compile_level", f"is {compile_level!r} with exact=True (exact mode runs its own kernels uncompiled: "
+              "its bf16 proof on the GPU covers that path only)", "drop one of the two")
     if attention_impl not in IMPLS:
         _fail("attention_impl", f"is {attention_impl!r}", f"use one of {IMPLS}")
     if linear_impl not in IMPLS:

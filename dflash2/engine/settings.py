@@ -28,11 +28,13 @@ class EngineSettings:
         attention_impl: `"torch" | "triton"`: the target's attention over its static cache and the
             draft's cached attention (`dflash2.kernels.row_attention`); exact mode keeps its own kernel.
         exact: exact mode (`dflash2.engine.generate`).
-        exact_block_size: the padded width of every exact-mode target forward.
+        exact_block_size: exact mode's width: every target forward's padded width (`"rows"`), or
+            the attention's fixed query tile, each block running at its own width (`"invariant"`).
         exact_impl: how exact mode keeps a row's bits independent of the batch: `"rows"` (each
             target forward row by row, eager, the stock kernels) or `"invariant"` (one batched
-            forward through batch-invariant kernels: the small-M linear for every row count, the
-            row attention with a fixed key split, the row mean of the norms; graph-capturable).
+            forward through batch- and width-invariant kernels: the small-M linear for every row
+            count, the row attention with fixed key splits and query tile, the row mean of the
+            norms; graph-capturable).
         linear_impl: `"torch" | "triton"`: the target's and the draft's `nn.Linear` layers at
             decode and verify sizes (at most 32 rows); `"triton"` routes them through
             `dflash2.kernels.linear.SmallMLinearMode` (the decoding state owns the mode, so graphs

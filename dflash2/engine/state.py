@@ -156,7 +156,8 @@ class DecodeState:
             `DFlash2Proposer` is built for this state's rows by the caller.
         batch, max_len: rows and slots per row (`tokens` has one more column, the trash column
             that absorbs masked writes).
-        n_spec: N. width: the target forward's block width (N + 1, or exact mode's padded block).
+        n_spec: N. width: the target forward's block width (N + 1, or the padded block of exact
+            mode with `exact_impl="rows"`).
         sampled, top_k, top_p: the target-side sampling rule (T > 0) and its filters.
         n_stops: number of stop tokens (None: no stop tokens).
         layer_ids: target layers whose features the draft reads.
@@ -337,9 +338,11 @@ class DecodeState:
                                              self.engine.attention_impl)
         else:
             self.cache.prepare(pos_w, kv_len=kv_len)
-            split = EXACT_SPLIT_KEYS if self.engine.invariant_exact else None
+            inv = self.engine.invariant_exact  # fixed key splits and query tile: bits independent of B and W
             out = tgt(block, position_ids=pos_w, past_key_values=self.cache, layer_ids=self.layer_ids,
-                      **self.cache.attention_kwargs(self.engine.attention_impl, split_keys=split))
+                      **self.cache.attention_kwargs(self.engine.attention_impl,
+                                                    split_keys=EXACT_SPLIT_KEYS if inv else None,
+                                                    tile_queries=self.engine.exact_block_size if inv else None))
             all_logits, feats = out.logits, out.features
         logits = all_logits[:, : n_spec + 1]  # [B, 1+N, V]
         bad = invalid_rows(logits)

@@ -1,5 +1,6 @@
 """Exact mode through the batch-invariant kernels (`exact_impl="invariant"`), on the CPU under
-Triton's interpreter: one batched forward per step (no row-by-row forwards), every target linear
+Triton's interpreter: one batched forward per step at the block's own width (no row-by-row
+forwards, no padding; the attention's query tile is fixed by `exact_block_size`), every target linear
 through the small-M kernel at any row count, attention with fixed key splits, the norms' means
 through the row-mean kernel; greedy speculative output equal to the exact AR output, each batch row
 equal to the same prompt alone, the graph path (the CPU stand-in runner) equal to the eager loop.
@@ -67,7 +68,7 @@ def test_the_invariant_kernels_run_batched(target, monkeypatch):
         return real_mean(*a, **k)
 
     def attn(*a, **k):
-        seen["splits"].append((k.get("impl"), k.get("split_keys")))
+        seen["splits"].append((k.get("impl"), k.get("split_keys"), k.get("tile_queries")))
         return real_attn(*a, **k)
 
     monkeypatch.setattr(linear, "small_m_linear", lin)
@@ -75,21 +76,26 @@ def test_the_invariant_kernels_run_batched(target, monkeypatch):
     monkeypatch.setattr(cache_mod, "row_attention_kernel", attn)
     hook = target.model.register_forward_pre_hook(
         lambda _m, args, kw: seen["forwards"].append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    b = len(FIVE)
     try:
-        out = _run(target, None, FIVE, max_new_tokens=3)
+        ar = _run(target, None, FIVE, max_new_tokens=3)
+        ar_forwards = seen["forwards"][:]
+        seen["forwards"].clear()
+        spec = _run(target, _oracle(ar), FIVE, max_new_tokens=3, num_speculative_tokens=W - 1)
     finally:
         hook.remove()
-    b = len(FIVE)
     prefill = [(1, p.numel()) for p in FIVE]
-    assert seen["forwards"][:b] == prefill  # the prompt row by row, as in rows mode
-    assert set(seen["forwards"][b:]) == {(b, W)}  # then one batched forward of the padded width per step
+    assert ar_forwards[:b] == prefill and seen["forwards"][:b] == prefill  # the prompt row by row, as in rows mode
+    # Then one batched forward per step at the block's own width: 1 for AR, N + 1 for the verify.
+    assert set(ar_forwards[b:]) == {(b, 1)} and set(seen["forwards"][b:]) == {(b, W)}
     assert b * W > 32 and b * W in seen["linear_rows"]  # past one row tile of the small-M kernel
     assert seen["means"] > 0
     layers = target.config.num_hidden_layers
     prefill_calls = [c for c in seen["splits"] if c[0] == "torch"]
-    assert len(prefill_calls) == b * layers  # the prompts (SDPA with a mask), row by row
-    assert {c for c in seen["splits"] if c[0] != "torch"} == {("triton", EXACT_SPLIT_KEYS)}  # every step: fixed splits
-    assert all(len(g) == 3 for g in out.generated)
+    assert len(prefill_calls) == 2 * b * layers  # the prompts (SDPA with a mask), row by row, in both calls
+    # Every step: fixed key splits and a query tile fixed by exact_block_size, whatever the width.
+    assert {c for c in seen["splits"] if c[0] != "torch"} == {("triton", EXACT_SPLIT_KEYS, W)}
+    assert all(len(g) == 3 for g in ar.generated) and all(len(g) == 3 for g in spec.generated)
 
 
 def test_speculative_equals_ar_and_rows_equal_alone(target):
@@ -121,7 +127,7 @@ def test_exact_impl_is_resolved_and_checked(target):
     common = dict(max_new_tokens=2, num_speculative_tokens=None, temperature=0.0, top_p=1.0, top_k=0, seed=0,
                   stop_token_ids=None, impl="auto", timing=False, exact=True, exact_block_size=W)
     auto = check_generate_inputs(target, None, PROMPTS, **common).settings
-    assert auto.exact_impl == "rows"  # auto: rows until the invariant path has passed its GPU proof
+    assert auto.exact_impl == "rows"  # auto: invariant on CUDA only; the interpreter would run it slowly here
     inv = check_generate_inputs(target, None, PROMPTS, exact_impl="invariant", **common).settings
     assert inv.invariant_exact and inv.exact_impl == "invariant"
     off = check_generate_inputs(target, None, PROMPTS, **{**common, "exact": False}).settings
@@ -132,3 +138,13 @@ def test_exact_impl_is_resolved_and_checked(target):
     with pytest.raises(GenerateInputError, match="row-attention kernel does not take"):
         speculative_generate(target, None, PROMPTS, max_new_tokens=2, exact=True, exact_block_size=64,
                              exact_impl="invariant")
+
+
+def test_exact_mode_refuses_compile(target):
+    """Exact mode runs its kernels uncompiled (its GPU proof covers that path): any compile level is
+    refused with one line naming both arguments."""
+    for level in ("light", "full"):
+        for impl in ("invariant", "rows"):
+            with pytest.raises(GenerateInputError, match=f"compile_level: is '{level}' with exact=True"):
+                speculative_generate(target, None, PROMPTS, max_new_tokens=2, exact=True, exact_block_size=W,
+                                     exact_impl=impl, compile_level=level)

@@ -8,8 +8,12 @@ sharpened head so logits are peaked and near-ties occur.
 - control: the same comparison with exact=False shows at least one departure (otherwise the
   test proves nothing about bf16 numerics).
 
-Every test runs for both ways exact mode keeps rows independent (`exact_impl`: "invariant", the
-batch-invariant kernels on the graph path, first; then "rows", row-by-row eager forwards).
+Every test runs for each way exact mode keeps rows independent: "invariant" (the batch-invariant
+kernels, each block at its own width with the attention's query tile fixed by `exact_block_size`,
+the graph path where the proposer allows it), then "rows" (row-by-row eager forwards, every block
+padded to `exact_block_size`). In the invariant mode the AR arm runs one token wide and the
+speculative arms N + 1 wide, so spec == AR also shows that a token's bits do not depend on the
+width of the block it is verified in.
 
 Run on the device:  python -m pytest -m gpu tests/gpu/test_exact_mode.py -s
 With DFLASH2_GPU_OUT=DIR it writes DIR/exact_mode.json (departures, acceptance, wall times of
@@ -34,7 +38,10 @@ PROMPTS, PROMPT_LEN, NEW, BLOCK, HEAD_SCALE = 8, 64, 128, 16, 3.0
 RESULTS: dict = {}
 
 
-@pytest.fixture(scope="module", params=["invariant", "rows"])
+MODES = {"invariant": dict(exact_impl="invariant"), "rows": dict(exact_impl="rows")}
+
+
+@pytest.fixture(scope="module", params=list(MODES))
 def exact_impl(request):
     return request.param
 
@@ -71,10 +78,12 @@ def prompts():
 
 
 def _run(target, draft, rows, n_spec=0, exact=True, exact_impl="rows"):
+    """One call; `exact_impl` names a `MODES` entry (ignored with exact=False)."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
+    mode = MODES[exact_impl] if exact else {}
     out = speculative_generate(target, draft, rows, max_new_tokens=NEW, num_speculative_tokens=n_spec,
-                               exact=exact, exact_block_size=BLOCK, exact_impl=exact_impl)
+                               exact=exact, exact_block_size=BLOCK, **mode)
     torch.cuda.synchronize()
     return out, time.perf_counter() - t0
 
@@ -124,6 +133,24 @@ def test_exact_speculative_equals_exact_ar(target, prompts, ar_runs, exact_impl,
         assert torch.equal(alone.sequences[0], alone_ar[b].sequences[0]), f"batch 1, row {b}: spec != AR"
         assert torch.equal(alone.sequences[0], batch.sequences[b]), f"row {b}: batch 8 != alone"
     RESULTS[f"{exact_impl}/exact_N{n_spec}"] = {"mean_accepted": mean_acc, "wall_s_batch8": t_batch, "wall_s_batch1_total": t_alone}
+
+
+def test_graph_replayed_speculative_equals_exact_ar(target, prompts, ar_runs, exact_impl):
+    """The invariant modes replay the speculative step from CUDA graphs with a graph-safe proposer
+    (the device oracle): batch 8 at N = 7 and 15, every row equal to the exact AR output."""
+    if exact_impl == "rows":
+        pytest.skip("exact_impl='rows' runs eagerly")
+    from dflash2.evaluation.oracle import DeviceOracleProposer
+
+    refs = [r.tolist() for r in ar_runs[1].sequences]
+    for n_spec in (7, 15):
+        oracle = DeviceOracleProposer(refs, list(range(PROMPTS)), block_size=BLOCK, accept_prob=0.9,
+                                      vocab_size=151936, device="cuda")
+        out, _ = _run(target, oracle, prompts, n_spec, exact_impl=exact_impl)
+        steps = sum(map(len, out.accepted))
+        assert sum(map(sum, out.accepted)) / steps >= 1.0
+        assert out.times.graph_error is None and any(out.times.replayed), "the step did not replay"
+        assert _departures(out, ar_runs[1]) == [-1] * PROMPTS, f"N={n_spec}"
 
 
 def test_normal_mode_departs_in_bf16(target, prompts, exact_impl):

@@ -1,7 +1,8 @@
 """Per-row masked GQA attention (`dflash2.kernels.row_attention`): the SDPA reference against an
 explicit fp64 softmax, and the split-key Triton kernel against the reference (interpreter on
 CPU, compiled on a GPU), over GQA groups, windows, key splits, strided views of the cache; with
-fixed key splits (`split_keys`), a row's bits alone vs in a batch and over a longer K/V buffer."""
+fixed key splits (`split_keys`), a row's bits alone vs in a batch and over a longer K/V buffer, and
+with a fixed query tile (`tile_queries`) a query's bits alone vs in blocks of every width."""
 
 from __future__ import annotations
 
@@ -200,6 +201,49 @@ def test_split_keys_bitwise_at_the_8b_layout(cuda_device):
     assert (alone.float() - ref).abs().max() < 2e-2  # the bound of the default-split bf16 test above
     v[:, :, kv:] = torch.randn_like(v[:, :, kv:])  # finite: a NaN read would pass the control trivially
     assert not torch.equal(attend(slice(0, b), slots)[:1], attend(slice(0, 1), kv))
+
+
+def _each_query_alone_equals_the_block(q, k, v, pos, tile, **kw):
+    """Every query of the block run as a block of one, and the block's first `w` queries for each
+    width w, equal the whole block's rows bit for bit (one tile of `tile` queries throughout)."""
+    block = row_attention(q, k, v, pos, impl="triton", tile_queries=tile, **kw)
+    nq = q.shape[2]
+    for i in range(nq):
+        one = row_attention(q[:, :, i:i + 1], k, v, pos[:, i:i + 1], impl="triton", tile_queries=tile, **kw)
+        assert torch.equal(one[:, 0], block[:, i]), f"query {i} alone"
+    for w in range(1, nq):
+        part = row_attention(q[:, :, :w], k, v, pos[:, :w], impl="triton", tile_queries=tile, **kw)
+        assert torch.equal(part, block[:, :w]), f"width {w}"
+    return block
+
+
+def test_tile_queries_makes_a_query_independent_of_the_block_width(triton_device):
+    """With fixed key splits and `tile_queries`, a query's output is the same bits as a block of one,
+    inside blocks of every width up to the tile, at any slot; the result is the reference's; the
+    tile must hold the block and fit the kernel."""
+    q, k, v, pos = _case(2, 8, 2, 4, 16, 100, 100, triton_device)
+    block = _each_query_alone_equals_the_block(q, k, v, pos, 8, split_keys=64)
+    ref = row_attention_reference(q, k, v, pos)
+    assert (block - ref).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="tile_queries=2: must hold the block's 4 queries"):
+        row_attention(q, k, v, pos, impl="triton", split_keys=64, tile_queries=2)
+    with pytest.raises(ValueError, match="tile_queries=17"):
+        row_attention(q, k, v, pos, impl="triton", split_keys=64, tile_queries=MAX_TILE_ROWS // 4 + 1)
+
+
+@pytest.mark.gpu
+def test_tile_queries_bitwise_at_the_8b_layout(cuda_device):
+    """Qwen3-8B attention in bf16, a 16-query verify block, splits of 256 keys, a 16-query tile: each
+    query alone (the one-token decode) and every narrower block give the block's bits. Printed (not
+    asserted: the hardware may agree anyway): whether a block of one without the fixed tile, which
+    runs a smaller tile, gives other bits."""
+    b, nh, nkv, nq, hd, kv = 4, 32, 8, 16, 128, 600
+    q, k, v, pos = _case(b, nh, nkv, nq, hd, kv, kv, cuda_device, torch.bfloat16)
+    block = _each_query_alone_equals_the_block(q, k, v, pos, 16, split_keys=256)
+    ones = [row_attention(q[:, :, i:i + 1], k, v, pos[:, i:i + 1], impl="triton", split_keys=256)
+            for i in range(nq)]
+    differ = sum(not torch.equal(o[:, 0], block[:, i]) for i, o in enumerate(ones))
+    print(f"tile_queries control: {differ} of {nq} queries alone without the fixed tile differ from the block")
 
 
 def test_limits_and_dispatch(triton_device):

@@ -52,7 +52,7 @@ def _check_split_keys(split_keys: int, block_n: int) -> None:
 
 
 def _row_attention_triton(query, key, value, positions, window, scale, splits=None, block_n=_BLOCK_N,
-                          num_warps=4, split_keys=None):
+                          num_warps=4, split_keys=None, tile_queries=None):
     """The Triton path; `splits`, `block_n` and `num_warps` are tiling knobs (the defaults are the
     engine's; `python -m benchmarks.kernels --sweep` times alternatives). `split_keys` fixes the
     split boundaries instead (`row_attention` states the guarantee); it excludes `splits`."""
@@ -66,7 +66,10 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
     if g * q > MAX_TILE_ROWS:
         raise ValueError(f"{g} query heads per K/V head x {q} queries = {g * q} tile rows > {MAX_TILE_ROWS}: the "
                          "Triton kernel is for decode / verify blocks; use impl='torch' for prompts")
-    m = max(16, _next_pow2(g * q))
+    if tile_queries is not None and not q <= tile_queries <= MAX_TILE_ROWS // g:
+        raise ValueError(f"tile_queries={tile_queries}: must hold the block's {q} queries and fit {g} query heads "
+                         f"per K/V head in {MAX_TILE_ROWS} tile rows")
+    m = max(16, _next_pow2(g * (q if tile_queries is None else tile_queries)))
     if query.stride(-1) != 1:
         query = query.contiguous()
     if key.stride(-1) != 1 or value.stride(-1) != 1:
@@ -102,7 +105,8 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
 
 def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, positions: torch.Tensor,
                   window: int | None = None, scale: float | None = None, *, impl: str = "torch",
-                  visible: torch.Tensor | None = None, split_keys: int | None = None) -> torch.Tensor:
+                  visible: torch.Tensor | None = None, split_keys: int | None = None,
+                  tile_queries: int | None = None) -> torch.Tensor:
     """Masked GQA attention of `query [B, nh, q, hd]` over `key/value [B, nkv, kv, hd]`.
 
     Key slot `j` is visible to query `i` of row `b` iff `j <= positions[b, i]` (and, with a
@@ -122,6 +126,12 @@ def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p
             the other rows, and not on the slots past its last position (nor on `kv`, so a longer
             buffer gives the same bits). The torch path takes no splits: it checks the value and
             ignores it (SDPA promises no such invariance).
+        tile_queries: None (default): the query tile holds the block's `q` queries. An int >= q
+            (at most `MAX_TILE_ROWS // (nh / nkv)`): the tile holds that many query slots whatever
+            `q` is, the rest masked, so with `split_keys` a query's output also does not depend on
+            `q` or on its slot in the block (each tile row runs the same products in the same
+            order): a one-token decode gives the bits of the same token verified in a block of up
+            to `tile_queries`. Triton path only; the torch path ignores it.
     Returns:
         `[B, q, nh, hd]`.
     """
@@ -133,4 +143,5 @@ def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p
         raise ValueError(f"impl must be a resolved 'torch' or 'triton', got {impl!r}")
     if _tk is None:
         raise RuntimeError("impl='triton' needs the triton package; use impl='torch'")
-    return _row_attention_triton(query, key, value, positions, window, scale, split_keys=split_keys)
+    return _row_attention_triton(query, key, value, positions, window, scale, split_keys=split_keys,
+                                 tile_queries=tile_queries)
