@@ -19,7 +19,8 @@ Two levels:
   `dflash2.engine.cache`). Attention reads its `layer_idx` to find its cache layer, so dynamo
   specializes it per layer: one compile per layer and shape class, about two minutes per class
   at 36 layers on the H200 host. The recompile limit is raised to cover them (dynamo would
-  otherwise run the later layers uncompiled). The draft is always compiled `"light"`.
+  otherwise run the later layers uncompiled). The draft is always compiled `"light"`. At either
+  level the limit covers the light frames' entries too (`LIGHT_RECOMPILE_LIMIT`).
 
 `dynamic=True`: batch, block width and K/V length are symbolic, so a new N, batch or K/V bucket
 reuses compiled code instead of recompiling (a size of 1 is still its own class). Decoder
@@ -47,6 +48,7 @@ from dflash2.target import TargetModel
 
 COMPILE_LEVELS = ("light", "full")
 COMPILED_FLAG = "_dflash2_compiled"
+LIGHT_RECOMPILE_LIMIT = 64  # entries per compiled frame (see compile_modules)
 
 
 def _light_parts(root: nn.Module) -> list[nn.Module]:
@@ -97,10 +99,15 @@ def compile_modules(model: nn.Module, layers, level: str = "light", *, backend: 
                              "fresh model to change the compile level")
         return 0
     parts = _light_parts(model)
+    config = torch._dynamo.config
+    # A norm's or MLP's forward is one frame for every layer and model of the process; it gets an
+    # entry per input rank, size-1 specialization (batch 1, a one-token block) and function-mode
+    # stack (normal, exact), which passes dynamo's default limit of 8 within one benchmark run
+    # (the frame would then run uncompiled for the rest of the process).
+    config.recompile_limit = max(config.recompile_limit, LIGHT_RECOMPILE_LIMIT)
     if level == "full":
         attention = [layer.self_attn for layer in layers]
         parts += attention
-        config = torch._dynamo.config
         # One compile per layer and shape class; transformers' attention forwards share one decorator
         # frame across model classes, so every compiled model of the process counts against one limit.
         config.recompile_limit = max(config.recompile_limit, 16 * len(attention))

@@ -74,6 +74,22 @@ def test_compiled_full_breaks_only_at_the_attention_call():
     assert breaks and all("row_attention" in reason for reason in breaks), dict(breaks)
 
 
+def test_light_raises_the_recompile_limit_over_its_entries():
+    """The light frames (one norm forward for every layer and model) get an entry per rank, size-1
+    specialization and function-mode stack; `compile_modules` lifts dynamo's limit to cover them."""
+    from dflash2.engine.compiled import LIGHT_RECOMPILE_LIMIT
+
+    config = torch._dynamo.config
+    old = config.recompile_limit
+    try:
+        config.recompile_limit = 8
+        target = TargetModel(tiny_qwen3(vocab=V, layers=2))
+        compile_modules(target, target.decoder_layers, "light", backend="eager")
+        assert config.recompile_limit == LIGHT_RECOMPILE_LIMIT > 8
+    finally:
+        config.recompile_limit = old
+
+
 def test_compile_levels_are_checked():
     target = TargetModel(tiny_qwen3(vocab=V, layers=1))
     with pytest.raises(ValueError, match="use one of"):
