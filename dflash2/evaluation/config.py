@@ -105,10 +105,14 @@ class EvalConfig:
         batch_size: prompts decoded together per arm. Each row gets its sample's own seed (the
             engine takes one seed per row), so batching never changes a sample's draws.
         exact: run the engine's exact mode (greedy speculative output equal to AR bit for bit,
-            also in bf16); every departure from AR then fails the run.
+            also in bf16); every departure from AR then fails the run. false (default) = off;
+            true = on (the invariant kernels on CUDA, rows elsewhere: `exact_impl`); null = auto:
+            on for a greedy run on CUDA whose exact mode runs the batch-invariant kernels
+            (`exact_impl` resolves to invariant, `compile_level` null), off otherwise. Resolved
+            once by the runner (`runner.resolve_exact`) and recorded in each record and the summary.
         exact_impl: auto | rows | invariant: how exact mode keeps a row independent of its
-            batch (`speculative_generate`'s `exact_impl`; auto = rows until the batch-invariant
-            path's GPU proof has passed; invariant = batched, graph-replayed, invariant kernels).
+            batch (`speculative_generate`'s `exact_impl`; auto = invariant on CUDA where its
+            kernels fit, rows elsewhere; invariant = batched, graph-replayed, invariant kernels).
         compile_level: null | light | full: the engine's regional torch.compile of target and
             draft modules on CUDA (`dflash2.engine.compiled`; faster steps, a compile per shape
             class first; in bf16 greedy outputs may differ from an uncompiled run at near-ties,
@@ -141,7 +145,7 @@ class EvalConfig:
     top_k: int = 0
     seed: int = 0
     batch_size: int = 1
-    exact: bool = False
+    exact: bool | None = False
     exact_impl: str = "auto"
     compile_level: str | None = None
     attention_impl: str = "auto"
@@ -185,14 +189,16 @@ def validate(cfg: Any) -> None:
     level = getattr(cfg, "compile_level", None)
     if level is not None and level not in COMPILE_LEVELS:
         raise ValueError(f"compile_level={level!r}: use null (off), light or full")
+    if cfg.exact not in (None, True, False):
+        raise ValueError(f"exact={cfg.exact!r}: use true, false or null (auto: on for greedy runs on CUDA)")
+    exact_impl = getattr(cfg, "exact_impl", "auto")
     if level is not None and cfg.exact:
-        raise ValueError(f"compile_level={level} with exact=true: exact mode pins the stock kernels; drop one")
+        raise ValueError(f"compile_level={level} with exact=true: exact mode runs its own kernels uncompiled; drop one")
     from dflash2.kernels.dispatch import IMPLS
 
     attention = getattr(cfg, "attention_impl", "auto")
     if attention not in IMPLS:
         raise ValueError(f"attention_impl={attention!r}: use one of {', '.join(IMPLS)}")
-    exact_impl = getattr(cfg, "exact_impl", "auto")
     if exact_impl not in ("auto", "rows", "invariant"):
         raise ValueError(f"exact_impl={exact_impl!r}: use auto, rows or invariant")
     if cfg.exact and exact_impl == "invariant":

@@ -69,6 +69,7 @@ class Record:
         num_draft_layers: what generated it; rank, world_size: the process of a sharded run;
         exact_block_size: in exact mode, the padded width of every target forward after
         prefill, one value for every arm of the run (`runner.exact_width`); None otherwise.
+        exact_impl: in exact mode, how it ran (`"rows"` or `"invariant"`, as resolved); None otherwise.
     """
 
     arm: str
@@ -103,6 +104,7 @@ class Record:
     rank: int | None = None
     world_size: int | None = None
     exact_block_size: int | None = None
+    exact_impl: str | None = None
 
     def __post_init__(self) -> None:
         where = f"record (arm={self.arm!r}, sample_id={self.sample_id!r})"

@@ -101,6 +101,24 @@ def exact_width(arms, draft) -> int:
     return max(int(draft.block_size), need) if draft is not None else need
 
 
+def resolve_exact(cfg, target, width: int) -> tuple[bool, str | None]:
+    """`(exact, exact_impl)` of a run: `cfg.exact` if true or false; null (auto) = on for a greedy
+    run on a CUDA target whose exact mode resolves to the batch-invariant kernels (`exact_impl`
+    auto or invariant, no `compile_level`); `exact_impl` as the engine resolves it for the run's
+    `width` (None when exact mode is off)."""
+    from dflash2.engine.inputs import resolve_exact_impl
+
+    impl = getattr(cfg, "exact_impl", "auto")
+    if cfg.exact is None:
+        level = getattr(cfg, "compile_level", None)
+        cheap = (float(cfg.temperature) == 0.0 and target.device.type == "cuda" and level is None
+                 and impl != "rows" and resolve_exact_impl("auto", False, target, width) == "invariant")
+        return (True, "invariant") if cheap else (False, None)
+    if not cfg.exact:
+        return False, None
+    return True, resolve_exact_impl(impl, True, target, width)
+
+
 class EvalRunner:
     """Runs one evaluation (one point of a Hydra grid).
 
@@ -131,8 +149,11 @@ class EvalRunner:
         self.draft = self._load_draft()
         self.arms = build_arms(cfg.arms, has_draft=self.draft is not None,
                                draft_has_selector=bool(self.draft is not None and self.draft.selector_enabled))
-        self.exact_width = exact_width(self.arms, self.draft) if cfg.exact else None
-        self.run_id, self.identity = run_identity(cfg, self.fmt.to_dict(), _draft_fingerprint(cfg.draft_path))
+        width = exact_width(self.arms, self.draft)
+        self.exact, self.exact_impl = resolve_exact(cfg, self.target, width)
+        self.exact_width = width if self.exact else None
+        self.run_id, self.identity = run_identity(cfg, self.fmt.to_dict(), {
+            **(_draft_fingerprint(cfg.draft_path) or {}), "exact": self.exact, "exact_impl": self.exact_impl})
         self.judge = load_judge(cfg.judge)
         self.limits = SandboxLimits(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb,
                                     max_processes=cfg.sandbox.max_processes)
@@ -354,8 +375,8 @@ class EvalRunner:
             refs = [p + ar_by_id[s]["tokens"] for p, s in zip(prompts, sids)]
         draft = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl, references=refs,
                               seeds=seeds, accept_prob=cfg.arms.oracle_accept_prob)
-        kw = ({"exact": True, "exact_block_size": self.exact_width, "exact_impl": getattr(cfg, "exact_impl", "auto")}
-              if cfg.exact else {})
+        kw = ({"exact": True, "exact_block_size": self.exact_width, "exact_impl": self.exact_impl}
+              if self.exact else {})
         level = getattr(cfg, "compile_level", None)
         if level is not None and self.target.device.type == "cuda":  # the CPU runs the stock modules
             kw["compile_level"] = level
@@ -369,7 +390,7 @@ class EvalRunner:
                 num_speculative_tokens=arm.num_speculative_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
                 top_k=cfg.top_k, seed=seeds, stop_token_ids=self.stops, **kw)
         except TypeError as e:
-            if cfg.exact and "exact" in str(e):
+            if self.exact and "exact" in str(e):
                 raise RuntimeError("exact=true but this engine has no exact mode; set exact=false") from e
             raise
         wall = self._clock() - t0
@@ -392,7 +413,7 @@ class EvalRunner:
                 "target": cfg.target.name, "draft_path": cfg.draft_path,
                 "num_draft_layers": (int(self.draft.config.num_hidden_layers)
                                      if self.draft is not None and arm.kind in ("spec", "selector_off") else None),
-                "exact_block_size": self.exact_width, **extra,
+                "exact_block_size": self.exact_width, "exact_impl": self.exact_impl, **extra,
             }
             t_compare = self._clock()
             self._compare(rec, prompts[b], ar_by_id.get(sid))
@@ -474,11 +495,15 @@ def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = 
 
     summary = stats.summarize(records, n_resamples=cfg.stats.n_resamples, seed=cfg.stats.seed,
                               accuracy_margin=cfg.stats.accuracy_margin)
-    summary["checks"] = run_checks(records, cfg.checks, exact=bool(cfg.exact))
+    # Exact mode as the records say it ran (the runner resolves `exact: null` per run).
     widths = sorted({r.get("exact_block_size") for r in records} - {None})
+    impls = sorted({r.get("exact_impl") for r in records} - {None})
+    exact = bool(widths) if cfg.exact is None else bool(cfg.exact)
+    summary["checks"] = run_checks(records, cfg.checks, exact=exact)
     summary["exact_block_size"] = widths[0] if len(widths) == 1 else (widths or None)
-    summary["exact"] = bool(cfg.exact)
-    summary["exact_impl"] = getattr(cfg, "exact_impl", "auto") if cfg.exact else None
+    summary["exact"] = exact
+    summary["exact_impl"] = (impls[0] if len(impls) == 1 else (impls or getattr(cfg, "exact_impl", "auto"))) \
+        if exact else None
     if runner is not None:
         summary["run_id"], summary["prompt_format"] = runner.run_id, runner.fmt.to_dict()
         summary["end_to_end"] = runner.end_to_end()  # this process's timed chunks (rank 0's when sharded)

@@ -370,11 +370,12 @@ def test_every_arm_of_an_exact_run_gets_the_same_padded_width(tmp_path):
     assert {r["arm_kind"] for r in recs} == {"ar", "spec", "selector_off", "oracle"}
     assert {r["arm"]: r["exact_block_size"] for r in recs} == {r["arm"]: 8 for r in recs}
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["exact_block_size"] == 8 and summary["exact"] is True and summary["exact_impl"] == "auto"
+    assert summary["exact_block_size"] == 8 and summary["exact"] is True and summary["exact_impl"] == "rows"
+    assert {r["exact_impl"] for r in recs} == {"rows"}  # as resolved (auto = rows on a CPU)
     assert all(r["identical_to_ar"] for r in recs if r["arm_kind"] != "ar")
     n_spec = sum(r["arm_kind"] != "ar" for r in recs)
     assert (f"Greedy: {n_spec} speculative records, all bit-identical to the AR arm; exact mode on (every forward 8 "
-            "wide, exact_impl auto)." in (out / "report.md").read_text())
+            "wide, exact_impl rows)." in (out / "report.md").read_text())
 
 
 def test_exact_width_widens_to_the_largest_verify_block():
@@ -388,3 +389,30 @@ def test_exact_width_widens_to_the_largest_verify_block():
     assert exact_width(arms, Draft()) == 16
     assert exact_width(arms[:2], Draft()) == 8
     assert exact_width([Arm("ar", "ar", 0), Arm("oracle@N=3", "oracle", 3)], None) == 4
+
+
+def test_exact_auto_is_on_for_greedy_runs_on_cuda():
+    """`exact: null` (auto) resolves per run: on (invariant) for greedy on CUDA where the kernels fit
+    and nothing is compiled; off for sampling, on a CPU, with a compile level or with
+    exact_impl=rows; an explicit true/false wins."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("triton")
+    from dflash2.evaluation.runner import resolve_exact
+    from tests.engine.helpers import tiny_qwen3
+
+    config = tiny_qwen3(vocab=300, hidden=64, layers=2, seed=0).config
+
+    def cfg(**kw):
+        base = dict(exact=None, exact_impl="auto", compile_level=None, temperature=0.0)
+        return SimpleNamespace(**{**base, **kw})
+
+    cuda = SimpleNamespace(device=torch.device("cuda"), config=config)
+    cpu = SimpleNamespace(device=torch.device("cpu"), config=config)
+    assert resolve_exact(cfg(), cuda, 8) == (True, "invariant")
+    assert resolve_exact(cfg(exact_impl="invariant"), cuda, 8) == (True, "invariant")
+    for off in (cfg(temperature=0.7), cfg(compile_level="light"), cfg(exact_impl="rows"), cfg(exact=False)):
+        assert resolve_exact(off, cuda, 8) == (False, None)
+    assert resolve_exact(cfg(), cuda, 4096) == (False, None)  # a width the row-attention kernel does not take
+    assert resolve_exact(cfg(), cpu, 8) == (False, None)
+    assert resolve_exact(cfg(exact=True), cpu, 8) == (True, "rows")
