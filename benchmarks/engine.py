@@ -365,7 +365,8 @@ def render(runs: list[dict]) -> str:
     exact = [c for c in cells if c["arm"].endswith(EXACT_SUFFIX) and c["status"] == "ok"]
     if exact:
         lines += ["## Exact mode's cost", "", "Exact arm's ms/step over the same N's normal arm's, same run (exact "
-                  "mode: padded width " f"{MAX_N + 1}, `exact_impl` {m0.get('exact_impl')}, no compile).", "",
+                  f"mode: `exact_block_size` {MAX_N + 1}, `exact_impl` {m0.get('exact_impl')}, no compile; the "
+                  "normal arms at this run's compile level).", "",
                   "| context | batch | arm | exact ms/step | cost ratio |", "| --- | --- | --- | --- | --- |"]
         lines += [f"| {c['context']} | {c['batch']} | {c['arm']} | {_f(c['ms_step'])} | {_f(c.get('exact_cost'))} |"
                   for c in sorted(exact, key=lambda c: (c["context"], c["batch"], c["n"]))]
@@ -435,7 +436,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "each shape class is paid in an untimed run before the cell")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall seconds from start; later cells are skipped")
     p.add_argument("--exact-impl", choices=["none", "rows", "invariant"], default="none",
-                   help="also run each of our arms in exact mode with this exact_impl (padded width 16, no compile); "
+                   help="also run each of our arms in exact mode with this exact_impl (exact_block_size 16, uncompiled); "
                         "the table gets the cost ratio exact / normal per arm")
     p.add_argument("--out", type=Path, help="Markdown file")
     p.add_argument("--json", type=Path, help="raw numbers (JSON)")

@@ -10,7 +10,9 @@ benchmark's models, `benchmarks.engine.build_models`). For each variant of the t
   is the target's verify + commit) at several (batch, N);
 - **kernel profile** (eager loop, `torch.profiler`, CUDA activity): GPU time and launches per
   step by kernel family, from two runs that differ only in their number of steps (the
-  difference removes the prefill), and the heaviest kernels.
+  difference removes the prefill), and the heaviest kernels; at N > 0 for the DFlash2 arm, the
+  oracle arm and their difference kernel by kernel (the draft + select alone: both arms verify
+  the same blocks, and neither random proposer gets drafts accepted).
 
 Variants: `base` = the engine without torch.compile; `light` / `full` = `compile_level="light"` /
 `"full"` (`dflash2.engine.compiled`). A compile is in place, so variants run in the order given
@@ -80,6 +82,12 @@ def step_profile(run, short: int, long: int) -> dict:
         us = (b.get(name, (0, 0.0))[1] - a.get(name, (0, 0.0))[1]) / steps
         if n > 0 or us > 0.5:
             per[name] = (n, us)
+    return summarize(per)
+
+
+def summarize(per: dict[str, tuple[float, float]]) -> dict:
+    """Totals, families and the heaviest kernels of a `{name: (launches, us)}` per-step map (kept
+    under "per" so profiles can be subtracted: `difference`)."""
     fams: dict[str, list[float]] = {}
     for name, (n, us) in per.items():
         f = fams.setdefault(family(name), [0.0, 0.0])
@@ -88,7 +96,19 @@ def step_profile(run, short: int, long: int) -> dict:
     top = sorted(per.items(), key=lambda kv: -kv[1][1])[:14]
     return {"launches": sum(n for n, _ in per.values()), "gpu_us": sum(us for _, us in per.values()),
             "families": {k: {"launches": v[0], "us": v[1]} for k, v in sorted(fams.items(), key=lambda kv: -kv[1][1])},
-            "top": [{"name": k[:110], "launches": n, "us": us, "family": family(k)} for k, (n, us) in top]}
+            "top": [{"name": k[:110], "launches": n, "us": us, "family": family(k)} for k, (n, us) in top],
+            "per": {k: list(v) for k, v in per.items()}}
+
+
+def difference(with_draft: dict, without: dict) -> dict:
+    """What one profile adds over another, kernel by kernel (the DFlash2 arm minus the oracle arm
+    at the same batch and N, which verify the same blocks: the draft + select's kernels)."""
+    per = {}
+    for name, (n, us) in with_draft["per"].items():
+        n0, us0 = without["per"].get(name, (0.0, 0.0))
+        if n - n0 > 0 or us - us0 > 0.5:
+            per[name] = (n - n0, us - us0)
+    return summarize(per)
 
 
 def oracle(batch: int, ids: torch.Tensor, vocab: int) -> DeviceOracleProposer:
@@ -136,6 +156,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--attention-impl", choices=["auto", "torch", "triton"], default="auto",
                     help="the target attention kernel of every run (dflash2.kernels.row_attention)")
+    ap.add_argument("--linear-impl", choices=["auto", "torch", "triton"], default="torch",
+                    help="the target's and the draft's linears at decode sizes (dflash2.kernels.linear)")
     ap.add_argument("--budget-s", type=float, default=540)
     args = ap.parse_args()
     out = Path(os.environ.get("OUT", "."))
@@ -145,7 +167,8 @@ def main() -> None:
     target, draft = build_models("qwen3-8b", dev)
     vocab = target.vocab_size
     res = {"meta": f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; Qwen3-8B shape bf16 random, "
-                   f"5-layer draft, context 512, {args.new_tokens} new tokens, attention {args.attention_impl}",
+                   f"5-layer draft, context 512, {args.new_tokens} new tokens, attention {args.attention_impl}, "
+                   f"linear {args.linear_impl}",
            "graph": [], "profiles": []}
 
     def save() -> None:
@@ -162,7 +185,8 @@ def main() -> None:
     for variant in args.variants.split(","):
         if variant not in ("base", *COMPILE_LEVELS):
             raise SystemExit(f"unknown variant {variant!r}")
-        kw = {"compile_level": None if variant == "base" else variant, "attention_impl": args.attention_impl}
+        kw = {"compile_level": None if variant == "base" else variant, "attention_impl": args.attention_impl,
+              "linear_impl": args.linear_impl}
         done = getattr(target.model, COMPILED_FLAG, None)
         if done is not None and done[0] != variant:  # compiles are in place: fresh models for another level
             del target, draft
@@ -187,18 +211,24 @@ def main() -> None:
             if time.perf_counter() - t_start > args.budget_s:
                 break
             ids = torch.randint(0, vocab, (batch, 512), generator=torch.Generator().manual_seed(batch)).to(dev)
-            prop = draft if n else None
-
-            def run(new, prop=prop, ids=ids, n=n):
-                speculative_generate(target, prop, ids, max_new_tokens=new, num_speculative_tokens=n or None,
-                                     graphs=False, **kw)
-            try:
-                p = step_profile(run, 4, 12)
-                p.update(variant=variant, batch=batch, arm="dflash2" if n else "AR", n=n)
-                res["profiles"].append(p)
-                print(f"profile {variant} b{batch} N{n}: {p['launches']:.0f} launches {p['gpu_us']:.0f} us", flush=True)
-            except Exception as e:
-                print(f"profile {variant} b{batch} N{n} failed: {e}", flush=True)
+            arms = [("dflash2", draft), ("oracle", oracle(batch, ids, vocab))] if n else [("AR", None)]
+            done = {}
+            for arm, prop in arms:
+                def run(new, prop=prop, ids=ids, n=n):
+                    speculative_generate(target, prop, ids, max_new_tokens=new, num_speculative_tokens=n or None,
+                                         graphs=False, **kw)
+                try:
+                    p = done[arm] = step_profile(run, 4, 12)
+                    p.update(variant=variant, batch=batch, arm=arm, n=n)
+                    res["profiles"].append(p)
+                    print(f"profile {variant} b{batch} N{n} {arm}: {p['launches']:.0f} launches {p['gpu_us']:.0f} us",
+                          flush=True)
+                except Exception as e:
+                    print(f"profile {variant} b{batch} N{n} {arm} failed: {e}", flush=True)
+            if len(done) == 2:  # the draft + select alone: the DFlash2 arm's kernels beyond the oracle's
+                d = difference(done["dflash2"], done["oracle"])
+                d.update(variant=variant, batch=batch, arm="draft + select (dflash2 - oracle)", n=n)
+                res["profiles"].append(d)
             save()
     from torch._dynamo.utils import counters
 

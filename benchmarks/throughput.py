@@ -8,12 +8,16 @@
 (from the repository root). Two modes, one table format (one table per mode and batch):
 
 - **Oracle mode** (`--shape`, random weights as in `benchmarks.engine`): `--context` random prompt
-  tokens per row. Our AR greedy call gives each row's reference (prompt + generated); for each N
-  in `--n` and p in `--accept` the arm `speculative_generate(target, DeviceOracleProposer(...))`
-  proposes that reference, each slot right with probability p (`dflash2.evaluation.oracle`), with
-  the same engine kwargs as our AR. One proposer object serves the warm-up and every timed call
-  (coins keyed by row and position, the same in every call), so the engine keeps its decoding state
-  and the timed calls replay its CUDA graphs, as our DFlash2 arm's do.
+  tokens per row. Our AR greedy call gives each row's first reference (prompt + generated); for
+  each N in `--n` and p in `--accept` the arm `speculative_generate(target, DeviceOracleProposer(...))`
+  proposes a reference, each slot right with probability p (`dflash2.evaluation.oracle`), with
+  the same engine kwargs as our AR. In bf16 a verify can flip a near-tie and leave our AR's text,
+  after which that reference would propose only wrong drafts; so untimed passes replace the
+  reference by the arm's own output until a call reproduces it (`own_path_references`; the notes
+  give the passes), and each slot is then right with probability p along the arm's own path.
+  The settled proposer object serves the warm-up and every timed call (coins keyed by row and
+  position, the same in every call), so the engine keeps its decoding state and the timed calls
+  replay its CUDA graphs, as our DFlash2 arm's do.
   The oracle proposes for free, so per (batch, N) the random DFlash2 draft's draft + select cost
   per step is measured in the same run (`benchmarks.engine.run_ours`: the oracle difference on
   the graph path, the synchronized phases elsewhere) and a **projection** row gives tokens /
@@ -39,7 +43,8 @@ an arm's tokens/s over our AR's and over HF static+compile's, same batch. CIs: 9
 bootstrap (`--n-resamples`, seeded by `--seed`), in real mode over the chunks paired across arms,
 in oracle mode over each arm's calls, resampled per arm. tau = mean tokens per step including the
 bonus (`dflash2.engine.stats.tau_pooled`). "rows = AR": rows whose tokens equal our AR's (greedy
-arms; the engine is lossless, so a speedup of a run whose rows differ is flagged by this column).
+arms; the engine is lossless, so in fp32 a speedup of a run whose rows differ is flagged by this
+column; in bf16 outside exact mode a verify's kernels can flip a near-tie).
 The notes give the graph captures per timed call (0 once the warm-up captured every K/V bucket).
 
 `--out` (Markdown) and `--json` (raw numbers) are written after every cell; `--budget-s` (wall
@@ -69,6 +74,7 @@ from dflash2.kernels.dispatch import resolve_impl
 ORACLE_ARM, PROJECTION_ARM, DFLASH2_ARM = "ours + oracle", "ours + oracle + draft (projection)", "ours DFlash2"
 NOT_RUN_NO_AR = "not run (no AR reference)"
 PROBE_MIN_TOKENS, PROBE_WARMUP_STEPS = 16, 3  # the draft-cost probe's call and the steps its medians skip
+MAX_REF_PASSES = 12  # oracle mode: calls spent finding references on the arm's own path
 DEFAULT_N = {ORACLE: [7, 15], REAL: [3, 7]}
 wall_clock = time.perf_counter  # the clock of `timed` (a module attribute: tests may replace it)
 
@@ -170,6 +176,23 @@ def measure(cell: dict, prepare, units: list, warm, device: torch.device, refere
     return calls
 
 
+def own_path_references(refs: list[list[int]], prompt_lens: list[int], run, max_passes: int = MAX_REF_PASSES):
+    """`(refs, passes)`: references the oracle arm reproduces, so each slot is right with probability
+    p along the arm's own greedy path. In bf16 a verify block's kernels can flip a near-tie, and past
+    that token our AR's reference proposes for another text (every later draft wrong). `run(refs)`
+    is one call of the arm proposing `refs` (coins keyed by row and position, the same every call);
+    its rows become the next references until a call reproduces them. Each pass keeps the tokens
+    before the first difference and fixes that one (its logits see only earlier tokens), so it
+    moves forward; `passes` is None if `max_passes` calls did not settle."""
+    for k in range(1, max_passes + 1):
+        rows = run(refs)
+        new = [ref[:n] + row for ref, n, row in zip(refs, prompt_lens, rows)]
+        if new == refs:
+            return refs, k
+        refs = new
+    return refs, None
+
+
 def new_cell(mode: str, batch: int, arm: str, kind: str, n: int = 0, p: float | None = None) -> dict:
     return {"mode": mode, "batch": batch, "arm": arm, "kind": kind, "n": n, "p": p, "status": "ok", "tokens": [],
             "seconds": [], "steps": [], "captures": [], "tau": None, "identical": None, "notes": ""}
@@ -201,10 +224,21 @@ def oracle_plan(args, target, draft, hf_model, engine_kw: dict) -> list[tuple[di
         for n in args.n:
             for p in args.accept:
                 def run_oracle(cell, ids=ids, ctx=ctx, n=n, p=p, batch=batch):
-                    # One proposer for the warm-up and every timed call: the engine keeps the decoding
-                    # state of a graph-safe proposer object, so the timed calls replay its graphs.
-                    oracle = DeviceOracleProposer(ctx["refs"], [row_seed(1, b) for b in range(batch)], MAX_N + 1, p,
-                                                  vocab, dev)
+                    seeds = [row_seed(1, b) for b in range(batch)]
+                    made = {}
+
+                    def call(refs):  # one untimed call proposing `refs`; its proposer is kept for reuse
+                        made["oracle"] = DeviceOracleProposer(refs, seeds, MAX_N + 1, p, vocab, dev)
+                        go, finish = ours_prepare(target, made["oracle"], ids, n, k, None, engine_kw)
+                        return finish(go()).rows
+
+                    _, passes = own_path_references(ctx["refs"], [ids.shape[1]] * batch, call)
+                    cell["reference_passes"] = passes
+                    cell["notes"] = (f"reference: the arm's own greedy path ({passes} untimed passes)" if passes else
+                                     f"reference: not settled after {MAX_REF_PASSES} passes (tau is a lower bound)")
+                    # The settled proposer serves the warm-up and every timed call: the engine keeps the
+                    # decoding state of a graph-safe proposer object, so the timed calls replay its graphs.
+                    oracle = made["oracle"]
                     measure(cell, lambda _: ours_prepare(target, oracle, ids, n, k, None, engine_kw), units, -1, dev,
                             ctx["ar"])
 

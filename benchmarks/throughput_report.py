@@ -130,7 +130,8 @@ def render(run: dict) -> str:
              f"batch. x ours AR / x {HF_COMPILE}: this row's tokens/s over that arm's (> 1 = faster). [a, b]: "
              f"{CONFIDENCE:.0%} percentile bootstrap interval ({m['n_resamples']} resamples, seed {m['seed']}). tau: "
              "mean tokens per step including the bonus. rows = AR: rows whose tokens equal our AR's (greedy; the "
-             "engine is lossless, so a row that differs is flagged here)."]
+             "engine is lossless, so in fp32 a row that differs is flagged here; in bf16 outside exact mode a "
+             "verify block's kernels can flip a 0-1 ulp near-tie, and the row then follows its own path)."]
     if m.get("hf_compile_on_cpu"):
         lines += ["", f"{HF_COMPILE}: {NA_CPU} (CUDA graphs); HF eager ran in its place."]
     for mode, batch in tables(cells):

@@ -227,4 +227,4 @@ def test_exact_arms_sit_beside_the_normal_ones_with_their_cost(tmp_path):
         exact = cells[arm + bench.EXACT_SUFFIX]
         assert exact["status"] == "ok" and exact["exact_cost"] == pytest.approx(exact["ms_step"] / cells[arm]["ms_step"])
     md = (tmp_path / "e.md").read_text()
-    assert "## Exact mode's cost" in md and "`exact_impl` rows" in md and "| 8 | 1 | ours N=3 exact |" in md
+    assert "## Exact mode's cost" in md and "`exact_impl` rows, no compile" in md and "| 8 | 1 | ours N=3 exact |" in md

@@ -42,3 +42,15 @@ def test_step_profile_takes_the_difference_of_two_runs(mod, monkeypatch):
     assert res["families"]["gemm"] == {"launches": 2, "us": 20.0}
     assert res["families"]["inductor"] == {"launches": 3, "us": 6.0}
     assert "prefill_gemm_nvjet" not in {t["name"] for t in res["top"]}
+
+
+def test_difference_keeps_what_the_draft_adds(mod):
+    """The DFlash2 arm minus the oracle arm, kernel by kernel: the shared verify kernels cancel, the
+    draft's own kernels (and the extra launches of a shared one) remain."""
+    dflash2 = mod.summarize({"nvjet_verify": (36.0, 500.0), "_topk_chunk_kernel": (1.0, 40.0),
+                             "nvjet_draft": (10.0, 90.0), "triton_per_fused_mean": (12.0, 24.0)})
+    oracle = mod.summarize({"nvjet_verify": (36.0, 500.2), "triton_per_fused_mean": (8.0, 16.0)})
+    d = mod.difference(dflash2, oracle)
+    assert set(d["per"]) == {"_topk_chunk_kernel", "nvjet_draft", "triton_per_fused_mean"}
+    assert d["gpu_us"] == pytest.approx(40.0 + 90.0 + 8.0) and d["launches"] == pytest.approx(1 + 10 + 4)
+    assert d["families"]["dflash2 triton"] == {"launches": 1.0, "us": 40.0}

@@ -269,3 +269,28 @@ def test_real_mode_loads_without_lm_eval():
             "assert target_spec('smollm2-135m').source == 'gguf'\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_own_path_references_settle_on_the_arms_output():
+    """A stand-in arm that flips the token after the first `k` correct ones (a near-tie its verify
+    breaks the other way): each pass keeps the agreed prefix and fixes one more token, and the
+    references settle once a call reproduces them; an arm that never settles gives None."""
+    prompt = [7, 7]
+    truth = [1, 2, 3, 4, 5, 6]
+
+    def arm(refs):
+        rows = []
+        for ref in refs:
+            gen = ref[len(prompt):]
+            agree = next((i for i, (a, b) in enumerate(zip(gen, truth)) if a != b), len(truth))
+            # Right up to the first disagreement, and right there too (its logits see only the earlier
+            # tokens); past it the arm's own continuation, which the old reference did not propose.
+            rows.append(truth[:agree + 1] + [9] * (len(truth) - agree - 1))
+        return rows
+
+    first = [prompt + [1, 2, 8, 8, 8, 8], prompt + truth]
+    refs, passes = bench.own_path_references(first, [2, 2], arm)
+    assert refs == [prompt + truth, prompt + truth] and passes is not None and passes >= 2
+    flip = lambda refs: [[1 - r[2]] * 6 for r in refs]  # noqa: E731 (each call answers the opposite)
+    _, none = bench.own_path_references([prompt + [0] * 6] * 2, [2, 2], flip, max_passes=3)
+    assert none is None
