@@ -299,10 +299,29 @@ def preflight_multirun(argv: list[str], config_dir: str | os.PathLike, config_na
                 del cfg["hydra"]
             obj = check(cfg)
             root = Path(obj.output_dir)
-            if not getattr(obj, "resume", False) and root not in roots and root.is_dir() and any(root.iterdir()):
+            if not getattr(obj, "resume", False) and root not in roots and _holds_an_earlier_run(root):
                 raise UserError(f"output_dir={root} is not empty: a sweep there would write into an earlier "
                                 "run; choose a new output_dir, or pass resume=true to continue that sweep")
             roots.add(root)
+
+
+def _holds_an_earlier_run(root: Path) -> bool:
+    """Whether `root` holds entries of an earlier run. In a launch of several processes, process 0
+    may already have created this launch's sweep files when another process checks, so the other
+    processes count only entries older than themselves (by modification time; without psutil they
+    leave the check to process 0, which refuses for the whole launch)."""
+    if not root.is_dir():
+        return False
+    entries = list(root.iterdir())
+    if is_main_process() or not entries:
+        return bool(entries)
+    try:
+        import psutil
+
+        started = psutil.Process().create_time()
+    except (ImportError, OSError):
+        return False
+    return any(e.stat().st_mtime < started - 1.0 for e in entries)
 
 
 def run_entry(main: Callable[[], object], *, config_dir: str | os.PathLike | None = None,

@@ -120,6 +120,30 @@ def test_a_sweep_into_an_earlier_run_is_refused_and_leaves_it_byte_identical(wor
     assert list(workdir.iterdir()) == []
 
 
+def test_other_processes_of_a_launch_ignore_the_sweep_files_process_0_just_wrote(tmp_path, monkeypatch):
+    """Process 0 of a multi-process launch may create the sweep directory before another process
+    checks it: that process counts only entries older than itself, so an earlier run still refuses."""
+    import os
+    import time
+
+    from dflash2.entrypoint import _holds_an_earlier_run
+
+    root = tmp_path / "sweep"
+    root.mkdir()
+    (root / "multirun.yaml").write_text("x")  # written by process 0 of this launch, after we started
+    monkeypatch.setenv("RANK", "1")
+    assert not _holds_an_earlier_run(root)
+    old = root / "0"
+    old.mkdir()
+    stamp = time.time() - 3600
+    os.utime(old, (stamp, stamp))  # a point directory of an earlier run
+    assert _holds_an_earlier_run(root)
+    monkeypatch.setenv("RANK", "0")
+    (old).rmdir()
+    assert _holds_an_earlier_run(root)  # process 0 counts every entry
+    assert not _holds_an_earlier_run(tmp_path / "missing")
+
+
 def test_sweep_points_expand_like_hydra():
     from dflash2.entrypoint import sweep_points
 
