@@ -6,10 +6,15 @@ records off a GPU machine.
     python eval/report.py DIR --predictions predicted_speedup.json     # {"dflash2@N=7": 2.9, ...}
     python eval/report.py DIR --n-resamples 10000 --wandb offline       # also (re)log to W&B
     python eval/report.py --compare ROOT/eval/* --sweep ROOT/sweep/* --out ROOT/compare   # across runs
+    python eval/report.py --same-tokens RUN_A RUN_B     # e.g. batch 8 vs each prompt alone, exact mode
 
 `--compare RUN...` (`DIR` or `NAME=DIR`, one drafter per run) writes the cross-run tables and
 figures (tau per drafter with CIs, tau ratios, per-position acceptance, the N sweep, training
 curves) to `--out`: `dflash2.evaluation.compare` (docs/EXPERIMENTS.md, the ablation).
+
+`--same-tokens RUN_A RUN_B` checks that two runs generated the same tokens for every (arm,
+sample) (`dflash2.evaluation.sharding.compare_runs` on the `tokens` field): it prints the counts and
+the first differing keys, writes nothing, and exits with status 1 when they differ.
 
 Keys of an existing summary.json that come from the run rather than the records (`checks`,
 `run_id`, `prompt_format`, `end_to_end`: the runner's timing, which the records cannot rebuild) are kept.
@@ -44,6 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="with --compare: distillation runs (default: those that wrote the compared checkpoints)")
     ap.add_argument("--out", type=Path, default=None, help="with --compare: output directory (required)")
     ap.add_argument("--n", type=int, default=None, help="with --compare: N of the compared arms (default: largest common)")
+    ap.add_argument("--same-tokens", nargs=2, type=Path, metavar=("RUN_A", "RUN_B"),
+                    help="check that two runs generated the same tokens per (arm, sample); writes nothing")
     ap.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     ap.add_argument("--accuracy-margin", type=float, default=0.02, help="TOST margin on accuracy (0.02 = 2 points)")
@@ -54,6 +61,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--wandb-project", default="dflash2")
     ap.add_argument("--wandb-entity", default=None)
     args = ap.parse_args(argv)
+    if args.same_tokens is not None:
+        return same_tokens(ap, args)
     if args.compare is not None:
         return compare(ap, args)
     if args.run_dir is None:
@@ -91,6 +100,30 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"W&B run directory: {wandb_dir}")
     print(f"summary: {old_path}\nreport:  {path}\nmarkdown: {run_dir / 'report.md'}")
     return summary
+
+
+def same_tokens(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """`--same-tokens A B`: tokens equal per (arm, sample); exit status 1 when they are not."""
+    if args.run_dir is not None or args.compare is not None:
+        ap.error("--same-tokens takes exactly its two run directories (no positional run directory, no --compare)")
+    from dflash2.evaluation.records import RECORDS
+    from dflash2.evaluation.sharding import compare_runs
+
+    for d in args.same_tokens:
+        if not (d / RECORDS).is_file():
+            ap.exit(2, f"eval/report.py --same-tokens: {d} has no {RECORDS}\n")
+    res = compare_runs(*args.same_tokens, fields=("tokens",))
+    def count(keys):  # compare_runs lists the first 20
+        return f"{len(keys)}{'+' if len(keys) == 20 else ''}"
+
+    print(f"{res['n_equal']} of {res['n_compared']} (arm, sample) pairs generated the same tokens, "
+          f"{res['n_differing']} differ; pairs only in {args.same_tokens[0]}: {count(res['only_in_a'])}, "
+          f"only in {args.same_tokens[1]}: {count(res['only_in_b'])}")
+    for d in res["differing"]:
+        print(f"  differs: {d['key']}")
+    if not res["equal"]:
+        raise SystemExit(1)
+    return res
 
 
 def compare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:

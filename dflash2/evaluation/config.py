@@ -79,10 +79,13 @@ class ChecksSpec:
     both are T = 0 properties and are skipped, values still recorded, at T > 0).
 
     `oracle_min_accepted`: the oracle arms' mean accepted tokens per step must reach this
-    (null = no check). `require_identical`: every speculative arm must reproduce the AR tokens
-    exactly (only meaningful at T = 0 in fp32, or with an exact engine mode)."""
+    (null = no check). `draft_min_accepted`: the same for the drafter's arms (DFlash2 and
+    selector-off), so that an identity check is not passed by a drafter whose drafts are all
+    rejected. `require_identical`: every speculative arm must reproduce the AR tokens exactly
+    (only meaningful at T = 0 in fp32, or with an exact engine mode)."""
 
     oracle_min_accepted: float | None = None
+    draft_min_accepted: float | None = None
     require_identical: bool = False
 
 

@@ -465,7 +465,7 @@ class EvalRunner:
 def run_checks(records: list[dict], checks, exact: bool = False) -> dict:
     """Post-run assertions (see `ChecksSpec`); returns their values and pass flags.
 
-    Both checks are T = 0 properties (sampled outputs legitimately leave the AR path), so at
+    The checks are T = 0 properties (sampled outputs legitimately leave the AR path), so at
     T > 0 their values are recorded and the checks are marked skipped."""
     out: dict = {}
     greedy = all(float(r["temperature"]) == 0.0 for r in records)
@@ -480,6 +480,14 @@ def run_checks(records: list[dict], checks, exact: bool = False) -> dict:
         ok = bool(oracle) and all(v >= checks.oracle_min_accepted for v in oracle.values())
         out["oracle_min_accepted"] = {"threshold": checks.oracle_min_accepted,
                                       "passed": ok if greedy else None, "skipped": None if greedy else "T > 0"}
+    drafted = {a: tau_pooled([r["accepted"] for r in rs]) - 1.0
+               for a, rs in by_arm.items() if rs[0]["arm_kind"] in ("spec", "selector_off")}
+    if drafted:
+        out["draft_mean_accepted_per_step"] = drafted
+    if getattr(checks, "draft_min_accepted", None) is not None:
+        ok = bool(drafted) and all(v >= checks.draft_min_accepted for v in drafted.values())
+        out["draft_min_accepted"] = {"threshold": checks.draft_min_accepted,
+                                     "passed": ok if greedy else None, "skipped": None if greedy else "T > 0"}
     spec = [r for r in records if r["arm_kind"] != "ar"]
     differing = sorted({f"{r['arm']}:{r['sample_id']}" for r in spec if r["identical_to_ar"] is False})
     out["identical_to_ar"] = {"records": len(spec), "differing": differing[:50], "n_differing": len(differing)}

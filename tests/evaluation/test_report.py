@@ -131,6 +131,39 @@ def test_eval_report_script_rebuilds_from_records(run, tmp_path, capsys):
         mod.main([str(tmp_path)])
 
 
+def test_same_tokens_compares_two_runs_and_writes_nothing(run, tmp_path, capsys):
+    """`eval/report.py --same-tokens A B`: equal tokens per (arm, sample) pass (other fields may
+    differ, e.g. the accepted counts of a drafter run in another batch); one changed token exits 1
+    naming the pair; a directory without records is one line with status 2."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    recs, _ = run
+    script = Path(__file__).resolve().parents[2] / "eval" / "report.py"
+    spec = importlib.util.spec_from_file_location("eval_report_script", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a, b = tmp_path / "batch8", tmp_path / "alone"
+    for d, rows in ((a, recs), (b, [{**r, "accepted": list(r["accepted"])[::-1]} for r in recs])):
+        d.mkdir()
+        (d / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = mod.main(["--same-tokens", str(a), str(b)])
+    assert res["equal"] and res["n_equal"] == len(recs)
+    assert sorted(p.name for p in a.iterdir()) == ["records.jsonl"]  # nothing written
+    changed = [dict(r) for r in recs]
+    changed[3]["tokens"] = list(changed[3]["tokens"]) + [7]
+    (b / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in changed))
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--same-tokens", str(a), str(b)])
+    assert e.value.code == 1
+    out = capsys.readouterr().out
+    assert f"{len(recs) - 1} of {len(recs)}" in out and f"differs: ['{changed[3]['arm']}', '{changed[3]['sample_id']}']" in out
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--same-tokens", str(a), str(tmp_path / "missing")])
+    assert e.value.code == 2
+
+
 def _legend_colours(fig) -> dict[str, tuple]:
     """Legend label -> RGB of its handle (a line, an errorbar's line, or a bar)."""
     from matplotlib.colors import to_rgb

@@ -296,6 +296,15 @@ def test_checks_pass_fail_and_skip_when_sampling():
     out = run_checks(bad, checks)
     assert out["oracle_min_accepted"]["passed"] is False and out["identical_to_ar"]["passed"] is False
     assert out["identical_to_ar"]["differing"] == ["oracle@N=3:s"]
+    drafted = ChecksSpec(draft_min_accepted=1.0)
+    runs = [rec("ar", "ar", [0, 0], None), rec("dflash2@N=7", "spec", [3, 0], True),
+            rec("selector_off@N=7", "selector_off", [1, 2], True)]
+    out = run_checks(runs, drafted)
+    assert out["draft_mean_accepted_per_step"] == {"dflash2@N=7": 1.5, "selector_off@N=7": 1.5}
+    assert out["draft_min_accepted"]["passed"]
+    runs[1]["accepted"] = [0, 1]  # a drafter whose drafts are mostly rejected: identity would be near trivial
+    assert run_checks(runs, drafted)["draft_min_accepted"]["passed"] is False
+    assert run_checks([{**r, "temperature": 1.0} for r in runs], drafted)["draft_min_accepted"]["skipped"] == "T > 0"
     empty = [rec("ar", "ar", [], None), rec("oracle@N=3", "oracle", [], True)]  # no steps: nothing measured
     out = run_checks(empty, checks)
     assert out["oracle_min_accepted"]["passed"] is False
