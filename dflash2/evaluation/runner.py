@@ -486,7 +486,7 @@ def run_checks(records: list[dict], checks, exact: bool = False) -> dict:
         out["draft_mean_accepted_per_step"] = drafted
     if getattr(checks, "draft_min_accepted", None) is not None:
         ok = bool(drafted) and all(v >= checks.draft_min_accepted for v in drafted.values())
-        out["draft_min_accepted"] = {"threshold": checks.draft_min_accepted,
+        out["draft_min_accepted"] = {"threshold": checks.draft_min_accepted, "measured": drafted,
                                      "passed": ok if greedy else None, "skipped": None if greedy else "T > 0"}
     spec = [r for r in records if r["arm_kind"] != "ar"]
     differing = sorted({f"{r['arm']}:{r['sample_id']}" for r in spec if r["identical_to_ar"] is False})
