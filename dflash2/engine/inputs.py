@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash2.engine.compiled import COMPILE_LEVELS
-from dflash2.engine.settings import EngineSettings
+from dflash2.engine.settings import EXACT_IMPLS, EngineSettings
 from dflash2.kernels.dispatch import IMPLS, resolve_impl
 from dflash2.target import TargetModel, as_target
 
@@ -67,26 +67,35 @@ def _graphs_arg(graphs, tgt: TargetModel, draft, exact: bool) -> bool:
     return not reasons if graphs is None else bool(graphs)
 
 
+def invariant_unavailable(device: torch.device) -> str | None:
+    """Why exact mode's invariant kernels cannot run on `device` (None: they can): Triton missing,
+    or a non-CUDA device without Triton's interpreter. Shared by the engine's check and
+    `eval/run.py`'s, which runs before any model is loaded."""
+    from dflash2.kernels.dispatch import triton_available, triton_interpreter_enabled
+
+    if not triton_available():
+        return "needs Triton, which is not installed"
+    if device.type != "cuda" and not triton_interpreter_enabled():
+        return f"runs its kernels on CUDA (elsewhere only under TRITON_INTERPRET=1), not on {device}"
+    return None
+
+
 def resolve_exact_impl(exact_impl, exact: bool, tgt: TargetModel, width: int) -> str:
     """Resolve `exact_impl` (`"auto" | "rows" | "invariant"`). Auto = `"invariant"` on a CUDA
     target whose kernels can run it (proven in bf16 on the H200: tests/gpu/test_exact_mode.py),
     `"rows"` everywhere else (on a CPU the interpreter would run the Triton kernels slowly).
     Refuses `"invariant"` where its kernels cannot run (no Triton; a CPU target without the
     interpreter; an attention layout the row-attention kernel does not take at the padded width)."""
-    if exact_impl not in ("auto", "rows", "invariant"):
+    if exact_impl not in ("auto", *EXACT_IMPLS):
         _fail("exact_impl", f"is {exact_impl!r}", "use 'auto', 'rows' or 'invariant'")
     if exact_impl == "rows" or (exact_impl == "auto" and tgt.device.type != "cuda"):
         return "rows"
     from dflash2.engine.cache import attention_heads
-    from dflash2.kernels.dispatch import triton_available, triton_interpreter_enabled
     from dflash2.kernels.row_attention import kernel_fits
 
     heads, kv_heads, head_dim = attention_heads(tgt.config)
-    reasons = []
-    if not triton_available():
-        reasons.append("Triton is not installed")
-    elif tgt.device.type != "cuda" and not triton_interpreter_enabled():
-        reasons.append(f"the target is on {tgt.device} (Triton runs there only under TRITON_INTERPRET=1)")
+    unavailable = invariant_unavailable(tgt.device)
+    reasons = [f"it {unavailable}"] if unavailable else []
     if not kernel_fits(heads, kv_heads, width, head_dim):
         reasons.append(f"the row-attention kernel does not take {heads}/{kv_heads} heads x width {width} x "
                        f"head_dim {head_dim}")

@@ -202,17 +202,17 @@ def validate(cfg: Any) -> None:
     attention = getattr(cfg, "attention_impl", "auto")
     if attention not in IMPLS:
         raise ValueError(f"attention_impl={attention!r}: use one of {', '.join(IMPLS)}")
-    if exact_impl not in ("auto", "rows", "invariant"):
+    from dflash2.engine.settings import EXACT_IMPLS
+
+    if exact_impl not in ("auto", *EXACT_IMPLS):
         raise ValueError(f"exact_impl={exact_impl!r}: use auto, rows or invariant")
     if cfg.exact and exact_impl == "invariant":
-        from dflash2.kernels.dispatch import triton_available, triton_interpreter_enabled
+        from dflash2.engine.inputs import invariant_unavailable
         from dflash2.runconfig import resolve_device
 
-        if not triton_available():
-            raise ValueError("exact_impl=invariant needs Triton, which is not installed; use exact_impl=rows")
-        if resolve_device(cfg.hardware).type != "cuda" and not triton_interpreter_enabled():
-            raise ValueError("exact_impl=invariant runs its kernels on CUDA (elsewhere only under "
-                             "TRITON_INTERPRET=1); use exact_impl=rows (or auto) on this device")
+        why = invariant_unavailable(resolve_device(cfg.hardware))
+        if why:
+            raise ValueError(f"exact_impl=invariant {why}; use exact_impl=rows (or auto) on this device")
     if not 0.0 <= cfg.arms.oracle_accept_prob <= 1.0:
         raise ValueError(f"arms.oracle_accept_prob={cfg.arms.oracle_accept_prob}: must be in [0, 1]")
 

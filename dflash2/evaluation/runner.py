@@ -472,22 +472,24 @@ def run_checks(records: list[dict], checks, exact: bool = False) -> dict:
     by_arm: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         by_arm[r["arm"]].append(r)
-    oracle = {a: tau_pooled([r["accepted"] for r in rs]) - 1.0  # mean accepted drafts per step
-              for a, rs in by_arm.items() if rs[0]["arm_kind"] == "oracle"}
+    def mean_accepted(kinds) -> dict[str, float]:  # mean accepted drafts per step, per arm of these kinds
+        return {a: tau_pooled([r["accepted"] for r in rs]) - 1.0 for a, rs in by_arm.items()
+                if rs[0]["arm_kind"] in kinds}
+
+    def at_least(values: dict[str, float], threshold: float) -> dict:
+        ok = bool(values) and all(v >= threshold for v in values.values())
+        return {"threshold": threshold, "passed": ok if greedy else None, "skipped": None if greedy else "T > 0"}
+
+    oracle = mean_accepted(("oracle",))
     if oracle:
         out["oracle_mean_accepted_per_step"] = oracle
     if checks.oracle_min_accepted is not None:
-        ok = bool(oracle) and all(v >= checks.oracle_min_accepted for v in oracle.values())
-        out["oracle_min_accepted"] = {"threshold": checks.oracle_min_accepted,
-                                      "passed": ok if greedy else None, "skipped": None if greedy else "T > 0"}
-    drafted = {a: tau_pooled([r["accepted"] for r in rs]) - 1.0
-               for a, rs in by_arm.items() if rs[0]["arm_kind"] in ("spec", "selector_off")}
+        out["oracle_min_accepted"] = at_least(oracle, checks.oracle_min_accepted)
+    drafted = mean_accepted(("spec", "selector_off"))
     if drafted:
         out["draft_mean_accepted_per_step"] = drafted
     if getattr(checks, "draft_min_accepted", None) is not None:
-        ok = bool(drafted) and all(v >= checks.draft_min_accepted for v in drafted.values())
-        out["draft_min_accepted"] = {"threshold": checks.draft_min_accepted, "measured": drafted,
-                                     "passed": ok if greedy else None, "skipped": None if greedy else "T > 0"}
+        out["draft_min_accepted"] = {**at_least(drafted, checks.draft_min_accepted), "measured": drafted}
     spec = [r for r in records if r["arm_kind"] != "ar"]
     differing = sorted({f"{r['arm']}:{r['sample_id']}" for r in spec if r["identical_to_ar"] is False})
     out["identical_to_ar"] = {"records": len(spec), "differing": differing[:50], "n_differing": len(differing)}
