@@ -151,8 +151,11 @@ def identity_line(summary: dict) -> str | None:
     if not ident or not ident.get("records"):
         return None
     temps = summary.get("temperatures", [])
-    mode = (f"exact mode on (every forward {summary.get('exact_block_size')} wide, exact_impl "
-            f"{summary.get('exact_impl')})" if summary.get("exact") else "exact mode off")
+    width, impl = summary.get("exact_block_size"), summary.get("exact_impl")
+    # rows pads every forward to the width; invariant runs each block at its own width, the
+    # attention's query tile fixed by it.
+    shape = f"attention tile {width} queries" if impl == "invariant" else f"every forward {width} wide"
+    mode = f"exact mode on ({shape}, exact_impl {impl})" if summary.get("exact") else "exact mode off"
     if any(float(t) > 0 for t in temps):
         return (f"Sampled (T = {', '.join(f'{t:g}' for t in temps)}): outputs follow the target's distribution "
                 f"and are not compared token by token; {mode}.")

@@ -237,6 +237,8 @@ def test_header_states_whether_outputs_were_identical_to_ar(tmp_path, capsys):
             "checks": {"identical_to_ar": {"records": 48, "n_differing": 0, "differing": []}}}
     assert identity_line(base) == ("Greedy: 48 speculative records, all bit-identical to the AR arm; exact mode on "
                                    "(every forward 16 wide, exact_impl rows).")
+    invariant = {**base, "exact_impl": "invariant"}  # each block at its own width: the width is the attention tile
+    assert identity_line(invariant).endswith("exact mode on (attention tile 16 queries, exact_impl invariant).")
     departed = {**base, "exact": False, "checks": {"identical_to_ar": {"records": 48, "n_differing": 5}}}
     line = identity_line(departed)
     assert "43 bit-identical to the AR arm, 5 departed" in line and "exact mode off" in line and "near-ties" in line
