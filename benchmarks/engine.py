@@ -549,12 +549,11 @@ def main(argv: list[str] | None = None) -> dict | None:
             t0 = time.perf_counter()
             _peak_start(dev)
             try:
-                if kind == "ours":
-                    engine_kw = dict(compile_level=None if level == "none" else level,
-                                     attention_impl=args.attention_impl, linear_impl=args.linear_impl)
-                    res = run_ours(target, draft, ids, n, args.new_tokens, args.warmup_steps, engine_kw, args.repeats)
-                elif kind == "ours_exact":  # exact mode picks its own kernels and runs uncompiled
-                    engine_kw = dict(exact=True, exact_block_size=MAX_N + 1, exact_impl=args.exact_impl)
+                if kind.startswith("ours"):
+                    engine_kw = (dict(compile_level=None if level == "none" else level,
+                                      attention_impl=args.attention_impl, linear_impl=args.linear_impl)
+                                 if kind == "ours" else  # exact mode picks its own kernels and runs uncompiled
+                                 dict(exact=True, exact_block_size=MAX_N + 1, exact_impl=args.exact_impl))
                     res = run_ours(target, draft, ids, n, args.new_tokens, args.warmup_steps, engine_kw, args.repeats)
                 else:
                     res = run_hf(hf_model, ids, args.new_tokens, kind == "hf_compile", args.repeats)

@@ -193,8 +193,8 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
     for m in rows:
         xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (HIDDEN, INTER)}
 
-        def step(linear, between=False):
-            for layer in layers:
+        def step(linear, between=False, stack=layers):
+            for layer in stack:
                 for w in layer:
                     if between:  # a small PyTorch kernel before each linear, as a norm or an add is
                         xs[w.shape[1]].mul_(1.0)
@@ -215,10 +215,7 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
 
         def fused_step(i):
             with mode:
-                for layer in fused_layers:
-                    for w in layer:
-                        F.linear(xs[w.shape[1]], w)
-                F.linear(xs[HIDDEN], head)
+                step(F.linear, stack=fused_layers)
 
         t_fused = time_graph_us(fused_step, 1, replays)
         del fused_layers
