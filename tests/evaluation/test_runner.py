@@ -285,8 +285,9 @@ def test_checks_pass_fail_and_skip_when_sampling():
     from dflash2.evaluation.runner import run_checks
 
     def rec(arm, kind, acc, same, t=0.0):
+        n = int(arm.split("@N=")[1]) if "@N=" in arm else 0
         return {"arm": arm, "arm_kind": kind, "accepted": acc, "steps": len(acc), "identical_to_ar": same,
-                "temperature": t, "sample_id": "s"}
+                "temperature": t, "sample_id": "s", "num_speculative_tokens": n}
 
     checks = ChecksSpec(oracle_min_accepted=1.0, require_identical=True)
     good = [rec("ar", "ar", [0, 0], None), rec("oracle@N=3", "oracle", [3, 1], True)]
@@ -305,6 +306,11 @@ def test_checks_pass_fail_and_skip_when_sampling():
     runs[1]["accepted"] = [0, 1]  # a drafter whose drafts are mostly rejected: identity would be near trivial
     assert run_checks(runs, drafted)["draft_min_accepted"]["passed"] is False
     assert run_checks([{**r, "temperature": 1.0} for r in runs], drafted)["draft_min_accepted"]["skipped"] == "T > 0"
+    runs[1]["accepted"] = [3, 0]
+    one = [rec("dflash2@N=1", "spec", [1, 0], True), *runs]  # N = 1 reaches 1.0 only by accepting every draft
+    out = run_checks(one, drafted)["draft_min_accepted"]
+    assert out["passed"] and out["not_checked"] == ["dflash2@N=1"]
+    assert run_checks([r for r in one if r["arm"] in ("ar", "dflash2@N=1")], drafted)["draft_min_accepted"]["passed"] is False
     empty = [rec("ar", "ar", [], None), rec("oracle@N=3", "oracle", [], True)]  # no steps: nothing measured
     out = run_checks(empty, checks)
     assert out["oracle_min_accepted"]["passed"] is False
