@@ -384,7 +384,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--attention-impl", choices=["auto", "torch", "triton"], default="auto",
                    help="our arms' target attention kernel (as in benchmarks.engine)")
     p.add_argument("--linear-impl", choices=["auto", "torch", "triton"], default="torch",
-                   help="our arms' linear layers (as in benchmarks.engine; triton needs --compile-level none)")
+                   help="our arms' linear layers (as in benchmarks.engine: triton = the small-M kernel; torch = F.linear)")
     p.add_argument("--compile-level", choices=["none", *COMPILE_LEVELS], default="light",
                    help="our arms' compile_level (dflash2.engine.compiled); paid in the warm-up call")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall seconds from start; later cells are skipped")
