@@ -145,3 +145,16 @@ def test_the_real_standard_library_feeds_the_distillation_data():
     assert kinds >= {"implement", "complete", "class", "explain", "module"}
     first = convs[0]["messages"]
     assert len(first) == 1 and first[0]["role"] == "user" and len(first[0]["content"]) > 40
+
+
+def test_math_and_code_mix_alternates_its_sources():
+    spec = DataSpec(**OmegaConf.to_container(OmegaConf.load(configs_dir() / "distill" / "data" / "gsm8k-stdlib.yaml")))
+    assert spec.source == "gsm8k+stdlib" and spec.prompt_field == "prompt"
+    spec.limit = 40
+    convs = load_conversations(spec)  # the contamination guard runs inside
+    ids = convs["id"]
+    assert len(ids) == 40 and len(set(ids)) == 40
+    assert [i.split("/")[0] for i in ids] == ["gsm8k", "stdlib"] * 20
+    gsm = load_conversations(DataSpec(limit=20))  # the same questions as the GSM8K source, in its order
+    assert [convs[2 * k]["messages"] for k in range(20)] == list(gsm["messages"])
+    assert ids[1] == load_conversations(DataSpec(source="stdlib", prompt_field="prompt", limit=1))["id"][0]

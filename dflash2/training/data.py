@@ -18,12 +18,13 @@ spans (content plus the end-of-turn token), found through the tokenizer's charac
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ from dflash2.training.contamination import check_dataset_name, check_prompts
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("gsm8k", "jsonl", "hub", "stdlib")
+# Mixed offline sources: (source, its prompt column) per part, rows interleaved one by one
+MIXES = {"gsm8k+stdlib": (("gsm8k", "question"), ("stdlib", "prompt"))}
+SOURCES = ("gsm8k", "jsonl", "hub", "stdlib", *MIXES)
 ROLES = ("system", "user", "assistant")
 # ShareGPT-style conversations ({"from": "human", "value": ...}) map onto chat roles.
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
@@ -49,7 +52,9 @@ class DataSpec:
     `source`: `gsm8k` (shared-data GSM8K, hub `openai/gsm8k` when the file is missing and the hub
     is reachable), `jsonl` (a local JSONL of conversations or prompts in `path`), `hub` (a hub
     dataset name, or a local dataset directory, in `path`), `stdlib` (code and instruction prompts
-    built from the Python standard library, offline: `dflash2.training.stdlib_prompts`).
+    built from the Python standard library, offline: `dflash2.training.stdlib_prompts`), or
+    `gsm8k+stdlib` (both offline sources, rows taken one from each in turn, so that any
+    `limit` is half math and half code; column `prompt`, ids `gsm8k/<row>` and `stdlib/...`).
     `regenerated`: a JSONL made by `train/regenerate.py`; None = regenerate into
     `<output_dir>/data/regenerated.jsonl` (resumable) before training.
     """
@@ -141,6 +146,13 @@ def _load_raw(spec: DataSpec):
         from dflash2.training.stdlib_prompts import stdlib_prompts
 
         return datasets.Dataset.from_list(stdlib_prompts())
+    if spec.source in MIXES:
+        parts = []
+        for source, column in MIXES[spec.source]:
+            raw = _load_raw(replace(spec, source=source, path=None))
+            parts.append([{"id": _row_id(row, source, i), "prompt": row[column]} for i, row in enumerate(raw)])
+        rows = [r for group in itertools.zip_longest(*parts) for r in group if r is not None]
+        return datasets.Dataset.from_list(rows)
     raise ValueError(f"data.source={spec.source!r} is unknown; use one of {', '.join(SOURCES)}")
 
 
