@@ -71,6 +71,43 @@ def kernels(fn) -> dict[str, tuple[int, float]]:
     return out
 
 
+RUNTIME_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync",
+                 "cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaStreamWaitEvent")
+
+
+def call_profile(go, device: torch.device):
+    """`(go(), summary)`: one call under `torch.profiler` (CPU activity, and CUDA on a GPU), the
+    device synchronized around it. Summary: `wall_ms` (inflated by the profiler's own per-op
+    cost: a diagnosis, not a speed figure); on CUDA `kernel_ms` and `kernels` (GPU kernel time
+    and launches, graph replays' kernels included); `runtime` (calls of the CUDA runtime entry
+    points in `RUNTIME_CALLS` that launch work or wait for it); `host_top` (the 8 heaviest host
+    ops by self CPU time)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        t0 = time.perf_counter()
+        out = go()
+        sync()
+        wall = time.perf_counter() - t0
+    kernel_us, launches, runtime, host = 0.0, 0, {}, []
+    for e in prof.key_averages():
+        if e.device_type == DeviceType.CUDA:
+            kernel_us += e.self_device_time_total
+            launches += e.count
+        elif e.key in RUNTIME_CALLS:
+            runtime[e.key] = runtime.get(e.key, 0) + e.count
+        elif not e.key.startswith(("cuda", "cu")):
+            host.append((e.self_cpu_time_total, e.key, e.count))
+    host.sort(key=lambda h: -h[0])
+    return out, {"wall_ms": wall * 1e3, "kernel_ms": kernel_us / 1e3 if cuda else None,
+                 "kernels": launches if cuda else None, "runtime": runtime,
+                 "host_top": [{"name": k[:90], "calls": c, "self_ms": us / 1e3} for us, k, c in host[:8]]}
+
+
 def step_profile(run, short: int, long: int) -> dict:
     """Per-step launches and GPU us by family: (profile(long) - profile(short)) / (long - short) steps."""
     run(short)  # warm-up

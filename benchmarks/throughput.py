@@ -48,7 +48,9 @@ column; in bf16 outside exact mode a verify's kernels can flip a near-tie).
 The notes give the graph captures per timed call (0 once the warm-up captured every K/V bucket).
 
 `--out` (Markdown) and `--json` (raw numbers) are written after every cell; `--budget-s` (wall
-seconds from the start) skips the remaining cells with "not run (budget)" rows.
+seconds from the start) skips the remaining cells with "not run (budget)" rows. `--profile` runs
+each arm's warm-up unit once more under `torch.profiler` after its timed calls and adds a table of
+GPU busy time, launches, waits and the heaviest host ops per arm: a diagnosis, in no figure.
 """
 
 from __future__ import annotations
@@ -150,10 +152,13 @@ def hf_prepare(model, ids: torch.Tensor, mask: torch.Tensor | None, max_new_toke
     return go, finish
 
 
-def measure(cell: dict, prepare, units: list, warm, device: torch.device, reference: dict | None = None) -> list[Call]:
+def measure(cell: dict, prepare, units: list, warm, device: torch.device, reference: dict | None = None,
+            profile: bool = False) -> list[Call]:
     """One untimed warm-up call `prepare(warm)`, then one timed call per unit; fills the cell's raw
     numbers (per unit: tokens, seconds, steps, captures; tau; rows = AR against `reference`, a
-    unit -> AR rows map). `prepare(unit) -> (go, finish)`: only `go()` is timed."""
+    unit -> AR rows map). `prepare(unit) -> (go, finish)`: only `go()` is timed. `profile`: one
+    more call of `warm` afterwards, under the profiler (`cell["profile"]`,
+    `benchmarks.step_profile.call_profile`), outside every figure."""
     from dflash2.engine.stats import tau_pooled
 
     go, finish = prepare(warm)
@@ -168,6 +173,12 @@ def measure(cell: dict, prepare, units: list, warm, device: torch.device, refere
         cell["seconds"].append(seconds)
         cell["steps"].append(call.steps)
         cell["captures"].append(call.captures)
+    if profile:
+        from benchmarks.step_profile import call_profile
+
+        go, finish = prepare(warm)
+        raw, cell["profile"] = call_profile(go, device)
+        cell["profile"]["steps"] = finish(raw).steps
     if calls[0].accepted is not None:
         cell["tau"] = tau_pooled([a for c in calls for a in c.accepted])
     if reference is not None:
@@ -215,7 +226,8 @@ def oracle_plan(args, target, draft, hf_model, engine_kw: dict) -> list[tuple[di
         ctx: dict = {}  # this batch's AR rows and references, filled when its AR cell runs
 
         def run_ar(cell, ids=ids, ctx=ctx):
-            calls = measure(cell, lambda _: ours_prepare(target, None, ids, 0, k, None, engine_kw), units, -1, dev)
+            calls = measure(cell, lambda _: ours_prepare(target, None, ids, 0, k, None, engine_kw), units, -1, dev,
+                            profile=args.profile)
             ctx["ar"] = {u: calls[-1].rows for u in units}  # greedy: every call gives the same rows
             ctx["refs"] = [row.tolist() + new for row, new in zip(ids.cpu(), calls[-1].rows)]
 
@@ -240,7 +252,7 @@ def oracle_plan(args, target, draft, hf_model, engine_kw: dict) -> list[tuple[di
                     # decoding state of a graph-safe proposer object, so the timed calls replay its graphs.
                     oracle = made["oracle"]
                     measure(cell, lambda _: ours_prepare(target, oracle, ids, n, k, None, engine_kw), units, -1, dev,
-                            ctx["ar"])
+                            ctx["ar"], profile=args.profile)
 
                 plan.append((oracles[n, p], run_oracle))
         for n in args.n:
@@ -267,7 +279,7 @@ def oracle_plan(args, target, draft, hf_model, engine_kw: dict) -> list[tuple[di
             if kind in args.hf_arms:
                 def run_hf(cell, ids=ids, ctx=ctx, kind=kind):
                     prep = hf_prepare(hf_model, ids, None, k, kind == "hf_compile", None, 0)
-                    measure(cell, lambda _: prep, units, -1, dev, ctx["ar"])
+                    measure(cell, lambda _: prep, units, -1, dev, ctx["ar"], profile=args.profile)
 
                 (compiled if kind == "hf_compile" else plan).append((new_cell(ORACLE, batch, arm, kind), run_hf))
     return plan + compiled  # the compiled peer's graph pools never sit under the other arms
@@ -330,7 +342,7 @@ def real_plan(args, target, tok, draft, hf_model, engine_kw: dict, meta: dict) -
         def run_ours_arm(cell, chunks=chunks, units=units, warm=warm, ctx=ctx):
             drafter = draft if cell["kind"] == "dflash2" else None  # main() runs it only after our AR
             calls = measure(cell, lambda c: ours_prepare(target, drafter, chunks[c], cell["n"], k, stops, engine_kw),
-                            units, warm, dev, ctx.get("ar"))
+                            units, warm, dev, ctx.get("ar"), profile=args.profile)
             if drafter is None:
                 ctx["ar"] = {u: c.rows for u, c in zip(units, calls)}
 
@@ -342,7 +354,7 @@ def real_plan(args, target, tok, draft, hf_model, engine_kw: dict, meta: dict) -
                     def prepare(c):
                         ids, mask = left_pad(chunks[c], pad_id, dev)
                         return hf_prepare(hf_model, ids, mask, k, kind == "hf_compile", stops, pad_id)
-                    measure(cell, prepare, units, warm, dev, ctx.get("ar"))
+                    measure(cell, prepare, units, warm, dev, ctx.get("ar"), profile=args.profile)
 
                 (compiled if kind == "hf_compile" else plan).append((new_cell(REAL, batch, arm, kind), run_hf))
         meta.setdefault("chunks", {})[str(batch)] = len(chunks)
@@ -388,6 +400,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile-level", choices=["none", *COMPILE_LEVELS], default="light",
                    help="our arms' compile_level (dflash2.engine.compiled); paid in the warm-up call")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall seconds from start; later cells are skipped")
+    p.add_argument("--profile", action="store_true",
+                   help="after each arm's timed calls, one more call under torch.profiler: GPU busy time, launches, "
+                        "syncs and the heaviest host ops per arm (a diagnosis, outside every figure)")
     p.add_argument("--out", type=Path, help="Markdown file")
     p.add_argument("--json", type=Path, help="raw numbers (JSON)")
     a = p.parse_args(argv)

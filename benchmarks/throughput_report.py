@@ -143,4 +143,31 @@ def render(run: dict) -> str:
                   f"| arm | N | p | tokens/s [95 % CI] | x ours AR [95 % CI] | x {HF_COMPILE} [95 % CI] | tau | "
                   "rows = AR | notes |", "|" + " --- |" * 9]
         lines += [_row(c) for c in sorted(group, key=_order)]
+    profiled = [c for c in cells if c.get("profile")]
+    if profiled:
+        lines += ["", "## One more call per arm under the profiler (`--profile`; a diagnosis, not a figure)", "",
+                  "The arm's warm-up unit once more under `torch.profiler` (its wall includes the profiler's own cost). "
+                  "GPU busy = kernel time / wall; launches and waits are counts of CUDA runtime calls per decoding step.",
+                  "", "| mode | batch | arm | N | p | steps | wall ms | GPU kernel ms | GPU busy | kernels / step | "
+                  "graph launches / step | host kernel launches / step | syncs / step | copies / step | heaviest host op "
+                  "(self ms) |", "|" + " --- |" * 15]
+        lines += [_profile_row(c) for c in sorted(profiled, key=_order)]
     return "\n".join(lines) + "\n"
+
+
+def _profile_row(c: dict) -> str:
+    pr = c["profile"]
+    rt, steps = pr["runtime"], max(pr.get("steps") or 1, 1)
+
+    def per_step(*names: str) -> str:
+        return f"{sum(rt.get(n, 0) for n in names) / steps:.1f}"
+
+    gpu, wall = pr["kernel_ms"], pr["wall_ms"]
+    gpu_cols = ["-", "-", "-"] if gpu is None else [f"{gpu:.1f}", f"{gpu / wall:.0%}", f"{pr['kernels'] / steps:.0f}"]
+    top = pr["host_top"][0] if pr["host_top"] else None
+    cols = [c["mode"], c["batch"], c["arm"], c["n"] or "-", "-" if c["p"] is None else c["p"],
+            "-" if pr.get("steps") is None else pr["steps"], f"{wall:.1f}", *gpu_cols, per_step("cudaGraphLaunch"),
+            per_step("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"),
+            per_step("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize"),
+            per_step("cudaMemcpyAsync"), "-" if top is None else f"`{top['name']}` ({top['self_ms']:.1f})"]
+    return "| " + " | ".join(map(str, cols)) + " |"

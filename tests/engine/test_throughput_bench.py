@@ -294,3 +294,24 @@ def test_own_path_references_settle_on_the_arms_output():
     flip = lambda refs: [[1 - r[2]] * 6 for r in refs]  # noqa: E731 (each call answers the opposite)
     _, none = bench.own_path_references([prompt + [0] * 6] * 2, [2, 2], flip, max_passes=3)
     assert none is None
+
+
+def test_profile_adds_one_diagnosed_call_per_arm_and_no_figure(tiny_drafter, tmp_path):
+    base = ["--target", "tiny-qwen3", "--draft-path", str(tiny_drafter), "--device", "cpu", "--batch", "2", "--n", "3",
+            "--limit", "4", "--max-new-tokens", "5", "--data-source", "local", "--n-resamples", "200",
+            "--arms", "ours"]
+    plain = bench.main(base)
+    run = bench.main([*base, "--profile", "--out", str(tmp_path / "p.md")])
+    md = (tmp_path / "p.md").read_text()
+    assert "under the profiler" in md
+    for c, c0 in zip(run["cells"], plain["cells"]):
+        assert c["tokens"] == c0["tokens"] and c["steps"] == c0["steps"]  # the profiled call is no unit
+        pr = c["profile"]
+        assert pr["steps"] == c["steps"][0] and pr["steps"] >= 1  # the warm unit is the chunk of the longest prompt
+        assert pr["wall_ms"] > 0 and pr["kernel_ms"] is None and pr["kernels"] is None  # CPU: no CUDA activity
+        assert pr["host_top"] and all(h["self_ms"] >= 0 for h in pr["host_top"])
+        assert any(h["name"].startswith("aten::") for h in pr["host_top"])
+    prof_rows = [line for line in md.splitlines() if line.startswith("| real | 2 |")]
+    assert len(prof_rows) == 2 and all(line.count("|") == 16 for line in prof_rows)
+    header = next(line for line in md.splitlines() if line.startswith("| mode | batch | arm |"))
+    assert header.count("|") == 16
