@@ -297,16 +297,17 @@ def gsm8k_prompts(tok, limit: int, source: str):
     return [encode_chat(tok, ds.messages_for(it, 1, [], few_shot=0, source=source), fmt) for it in items], fmt
 
 
-def load_real(target_name: str, draft_path: str, device: torch.device, hf_copy: bool):
+def load_real(target_name: str, draft_path: str, device: torch.device, hf_copy: bool, dtype: str | None = None):
     """`(target, tokenizer, draft, hf_model)` of real mode: the target as `eval/run.py` loads it
-    (`configs/target/<name>.yaml`, a `.gguf` file or a hub id), its drafter checkpoint checked
-    against it, and the HF model the peers run (a second copy when `hf_copy`: our compile works in
-    place and the peers must run the stock modules)."""
+    (`configs/target/<name>.yaml`, a `.gguf` file or a hub id; `dtype` overrides its dtype), its
+    drafter checkpoint checked against it (and cast to its dtype), and the HF model the peers run
+    (a second copy when `hf_copy`: our compile works in place and the peers must run the stock
+    modules)."""
     from dflash2.runconfig import target_spec
     from dflash2.modeling import DFlash2DraftModel
     from dflash2.runconfig import load_target
 
-    spec = target_spec(target_name)
+    spec = target_spec(target_name, dtype=dtype)
     target, tok = load_target(spec, device)
     if not (Path(draft_path) / "config.json").is_file():
         raise FileNotFoundError(f"--draft-path {draft_path} has no config.json; give a draft checkpoint directory")
@@ -379,6 +380,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b", help="oracle mode: random weights")
     p.add_argument("--target", help="real mode: configs/target/NAME.yaml (or a .gguf file / hub id)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="real mode: the target's dtype (default: its config's, e.g. float32 for smollm2-135m)")
     p.add_argument("--draft-path", help="real mode: the drafter checkpoint directory")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--batch", type=_ints, default=[1, 8])
@@ -411,6 +414,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--target needs --draft-path CKPT (the drafter checkpoint directory)")
     if a.draft_path and not a.target:
         p.error("--draft-path needs --target NAME (e.g. smollm2-135m)")
+    if a.dtype and a.mode != REAL:
+        p.error("--dtype is for real mode (--target); oracle mode's --shape fixes its dtype")
     a.n = a.n or DEFAULT_N[a.mode]
     bad = [n for n in a.n if n > MAX_N]
     if bad:
@@ -468,11 +473,12 @@ def main(argv: list[str] | None = None) -> dict:
                            f"{spec.dtype}, random weights; random draft {draft_layers} layers)")
         plan = oracle_plan(args, target, draft, hf_model, engine_kw)
     else:
-        target, tok, draft, hf_model = load_real(args.target, args.draft_path, dev, hf_copy)
+        target, tok, draft, hf_model = load_real(args.target, args.draft_path, dev, hf_copy, args.dtype)
         if max(args.n) >= draft.block_size:
             args.parser.error(f"--n {max(args.n)}: this drafter's block is {draft.block_size} slots, so N must be "
                               f"in 1..{draft.block_size - 1}")
-        meta.update(target=args.target, draft_path=args.draft_path, limit=args.limit, data_source=args.data_source)
+        meta.update(target=args.target, draft_path=args.draft_path, limit=args.limit, data_source=args.data_source,
+                    dtype=str(target.dtype).removeprefix("torch."))
         plan = real_plan(args, target, tok, draft, hf_model, engine_kw, meta)
     run = {"meta": meta, "cells": []}
 

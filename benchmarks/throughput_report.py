@@ -105,7 +105,8 @@ def _mode_text(m: dict) -> str:
                 "their steps x the random DFlash2 draft's draft + select time per step at that N, measured in this "
                 "run: a projection, not a measured run of a drafter that accepts at p.")
     fmt = m.get("prompt_format", {})
-    return (f"Real mode: target {m['target']}, drafter `{m['draft_path']}` (block {m.get('draft_block_size')}); the "
+    return (f"Real mode: target {m['target']} ({m.get('dtype', 'its config dtype')}), drafter `{m['draft_path']}` "
+            f"(block {m.get('draft_block_size')}); the "
             f"first {m.get('prompts')} GSM8K test questions (`--limit {m['limit']}`) in the eval runner's chat format "
             f"(prompt format {fmt.get('hash')}), greedy, at most {m['max_new_tokens']} new tokens per row, stop tokens "
             f"{m.get('stop_token_ids')}; per batch, consecutive full chunks of the prompts, the same for every arm; "

@@ -221,6 +221,7 @@ def test_budget_skips_cells_with_rows(tmp_path):
     (["--arms", "hf_compile"], "that includes ours"),
     (["--arms", "ours,vllm"], "use a subset of hf_eager,hf_compile,ours"),
     (["--repeats", "1"], "need --repeats >= 2"),
+    (["--dtype", "bfloat16"], "--dtype is for real mode"),
     (["--target", "tiny-qwen3", "--draft-path", "/tmp/ckpt", "--batch", "8", "--limit", "4"],
      "--limit 4 is smaller than --batch 8"),
 ])
@@ -315,3 +316,11 @@ def test_profile_adds_one_diagnosed_call_per_arm_and_no_figure(tiny_drafter, tmp
     assert len(prof_rows) == 2 and all(line.count("|") == 16 for line in prof_rows)
     header = next(line for line in md.splitlines() if line.startswith("| mode | batch | arm |"))
     assert header.count("|") == 16
+
+
+def test_real_mode_dtype_overrides_the_targets(tiny_drafter, tmp_path):
+    run = bench.main(["--target", "tiny-qwen3", "--draft-path", str(tiny_drafter), "--device", "cpu", "--batch", "1",
+                      "--n", "3", "--limit", "2", "--max-new-tokens", "3", "--data-source", "local", "--arms", "ours",
+                      "--n-resamples", "200", "--dtype", "bfloat16", "--out", str(tmp_path / "d.md")])
+    assert run["meta"]["dtype"] == "bfloat16" and "target tiny-qwen3 (bfloat16)" in (tmp_path / "d.md").read_text()
+    assert all(c["status"] == "ok" for c in run["cells"])
