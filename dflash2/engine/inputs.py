@@ -85,7 +85,8 @@ def resolve_exact_impl(exact_impl, exact: bool, tgt: TargetModel, width: int) ->
     target whose kernels can run it (proven in bf16 on the H200: tests/gpu/test_exact_mode.py),
     `"rows"` everywhere else (on a CPU the interpreter would run the Triton kernels slowly).
     Refuses `"invariant"` where its kernels cannot run (no Triton; a CPU target without the
-    interpreter; an attention layout the row-attention kernel does not take at the padded width)."""
+    interpreter; an attention layout the row-attention kernel does not take at `width`, the
+    padded block of `"rows"` and the query tile of `"invariant"`)."""
     if exact_impl not in ("auto", *EXACT_IMPLS):
         _fail("exact_impl", f"is {exact_impl!r}", "use 'auto', 'rows' or 'invariant'")
     if exact_impl == "rows" or (exact_impl == "auto" and tgt.device.type != "cuda"):

@@ -82,8 +82,9 @@ class ChecksSpec:
     (null = no check). `draft_min_accepted`: the same for the drafter's arms (DFlash2 and
     selector-off), so that an identity check is not passed by a drafter whose drafts are all
     rejected. Arms drafting N <= the threshold are listed as `not_checked` (they could reach it
-    only by accepting every draft); the check fails when no arm is left to check. `require_identical`: every speculative arm must reproduce the AR tokens exactly
-    (only meaningful at T = 0 in fp32, or with an exact engine mode)."""
+    only by accepting every draft); the check fails when no arm is left to check.
+    `require_identical`: every speculative arm must reproduce the AR tokens exactly (only
+    meaningful at T = 0 in fp32, or with an exact engine mode)."""
 
     oracle_min_accepted: float | None = None
     draft_min_accepted: float | None = None

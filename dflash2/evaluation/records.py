@@ -67,8 +67,9 @@ class Record:
         departure: {"position", "margin", "top1", "top2"} at the first token that differs from
         the AR arm's (the target's top-1/top-2 logit gap there); target, draft_path,
         num_draft_layers: what generated it; rank, world_size: the process of a sharded run;
-        exact_block_size: in exact mode, the padded width of every target forward after
-        prefill, one value for every arm of the run (`runner.exact_width`); None otherwise.
+        exact_block_size: in exact mode, its width, one value for every arm of the run
+        (`runner.exact_width`): every target forward's padded width with `exact_impl="rows"`, the
+        attention's fixed query tile with `"invariant"`; None otherwise.
         exact_impl: in exact mode, how it ran (`"rows"` or `"invariant"`, as resolved); None otherwise.
     """
 
