@@ -35,6 +35,7 @@ import torch
 
 from dflash2.engine import speculative_generate
 from benchmarks.engine import build_models
+from benchmarks.floors import sync
 from dflash2.engine.compiled import COMPILE_LEVELS, COMPILED_FLAG
 from dflash2.evaluation.oracle import DeviceOracleProposer
 
@@ -55,20 +56,22 @@ def family(name: str) -> str:
     return next((f for f, pat in FAMILIES if pat.search(low)), "other")
 
 
+def _cuda_kernels(prof) -> dict[str, tuple[int, float]]:
+    """{kernel name: (launches, GPU us)} of a finished `torch.profiler.profile`."""
+    from torch.autograd import DeviceType
+
+    return {e.key: (e.count, e.self_device_time_total) for e in prof.key_averages() if e.device_type == DeviceType.CUDA}
+
+
 def kernels(fn) -> dict[str, tuple[int, float]]:
     """{kernel name: (launches, GPU us)} of one call of `fn`."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    out = {}
-    for e in prof.key_averages():
-        if e.device_type == DeviceType.CUDA:
-            out[e.key] = (e.count, e.self_device_time_total)
-    return out
+    return _cuda_kernels(prof)
 
 
 RUNTIME_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync",
@@ -86,25 +89,24 @@ def call_profile(go, device: torch.device):
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    sync()
+    sync(device)
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         t0 = time.perf_counter()
         out = go()
-        sync()
+        sync(device)
         wall = time.perf_counter() - t0
-    kernel_us, launches, runtime, host = 0.0, 0, {}, []
+    gpu = _cuda_kernels(prof)
+    runtime, host = {}, []
     for e in prof.key_averages():
         if e.device_type == DeviceType.CUDA:
-            kernel_us += e.self_device_time_total
-            launches += e.count
-        elif e.key in RUNTIME_CALLS:
+            continue
+        if e.key in RUNTIME_CALLS:
             runtime[e.key] = runtime.get(e.key, 0) + e.count
         elif not e.key.startswith(("cuda", "cu")):
             host.append((e.self_cpu_time_total, e.key, e.count))
     host.sort(key=lambda h: -h[0])
-    return out, {"wall_ms": wall * 1e3, "kernel_ms": kernel_us / 1e3 if cuda else None,
-                 "kernels": launches if cuda else None, "runtime": runtime,
+    return out, {"wall_ms": wall * 1e3, "kernel_ms": sum(us for _, us in gpu.values()) / 1e3 if cuda else None,
+                 "kernels": sum(n for n, _ in gpu.values()) if cuda else None, "runtime": runtime,
                  "host_top": [{"name": k[:90], "calls": c, "self_ms": us / 1e3} for us, k, c in host[:8]]}
 
 

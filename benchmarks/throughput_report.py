@@ -152,7 +152,7 @@ def render(run: dict) -> str:
                   "", "| mode | batch | arm | N | p | steps | wall ms | GPU kernel ms | GPU busy | kernels / step | "
                   "graph launches / step | host kernel launches / step | syncs / step | copies / step | heaviest host op "
                   "(self ms) |", "|" + " --- |" * 15]
-        lines += [_profile_row(c) for c in sorted(profiled, key=_order)]
+        lines += [_profile_row(c) for c in sorted(profiled, key=lambda c: (c["mode"], c["batch"], *_order(c)))]
     return "\n".join(lines) + "\n"
 
 
