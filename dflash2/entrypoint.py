@@ -306,22 +306,25 @@ def preflight_multirun(argv: list[str], config_dir: str | os.PathLike, config_na
 
 
 def _holds_an_earlier_run(root: Path) -> bool:
-    """Whether `root` holds entries of an earlier run. In a launch of several processes, process 0
-    may already have created this launch's sweep files when another process checks, so the other
-    processes count only entries older than themselves (by modification time; without psutil they
-    leave the check to process 0, which refuses for the whole launch)."""
+    """Whether `root` holds entries of an earlier run. In a launch of several processes
+    (WORLD_SIZE > 1), any process may create this launch's sweep files before another one checks,
+    so every process, process 0 included, counts only entries last modified before the launcher
+    started (`_launch_started`); a single process counts every entry."""
     if not root.is_dir():
         return False
     entries = list(root.iterdir())
-    if is_main_process() or not entries:
+    if not entries or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return bool(entries)
-    try:
-        import psutil
+    started = _launch_started()
+    return any(e.stat().st_mtime < started for e in entries)
 
-        started = psutil.Process().create_time()
-    except (ImportError, OSError):
-        return False
-    return any(e.stat().st_mtime < started - 1.0 for e in entries)
+
+def _launch_started() -> float:
+    """When the launcher of this process (its parent: torchrun's agent, which starts every process
+    of an `accelerate launch`) was started, in seconds since the epoch."""
+    import psutil  # a dependency of accelerate
+
+    return psutil.Process().parent().create_time()
 
 
 def run_entry(main: Callable[[], object], *, config_dir: str | os.PathLike | None = None,

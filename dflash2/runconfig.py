@@ -394,6 +394,9 @@ def stop_token_ids(tokenizer) -> list[int]:
 # A run's recorded config (`.hydra/`, written by the entry point after its checks) and Hydra's
 # sweep file (`multirun.yaml`, written by Hydra under -m before any check): never "previous results".
 HYDRA_RUN_FILES = {".hydra", "multirun.yaml"}
+# `prepare_output_dir`'s writability probe: another process of the same launch may see it for an
+# instant while it checks the directory, and it is never a result.
+WRITE_PROBE = ".write_test"
 
 
 def existing_path(path: str | os.PathLike, *, directory: bool = False) -> bool:
@@ -412,7 +415,7 @@ def check_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str | N
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"output_dir={out} exists and is a file; choose a directory")
     if out.is_dir():
-        ignore = set(HYDRA_RUN_FILES) | ({f"{job_name}.log"} if job_name else set())
+        ignore = set(HYDRA_RUN_FILES) | {WRITE_PROBE} | ({f"{job_name}.log"} if job_name else set())
         leftovers = sorted(p.name for p in out.iterdir() if p.name not in ignore)
         if leftovers and not resume:
             raise FileExistsError(
@@ -427,7 +430,7 @@ def prepare_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str |
     out = check_output_dir(path, resume, job_name=job_name)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write_test"
+        probe = out / WRITE_PROBE
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:

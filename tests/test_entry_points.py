@@ -120,28 +120,42 @@ def test_a_sweep_into_an_earlier_run_is_refused_and_leaves_it_byte_identical(wor
     assert list(workdir.iterdir()) == []
 
 
-def test_other_processes_of_a_launch_ignore_the_sweep_files_process_0_just_wrote(tmp_path, monkeypatch):
-    """Process 0 of a multi-process launch may create the sweep directory before another process
-    checks it: that process counts only entries older than itself, so an earlier run still refuses."""
+def test_every_process_of_a_launch_ignores_the_sweep_files_this_launch_wrote(tmp_path, monkeypatch):
+    """Any process of a multi-process launch may create the sweep directory before another one
+    checks it (process 0 too may be the slow one): each counts only entries older than the
+    launcher, so this launch's files pass and an earlier run's still refuse."""
     import os
     import time
 
-    from dflash2.entrypoint import _holds_an_earlier_run
+    import dflash2.entrypoint as entrypoint
 
     root = tmp_path / "sweep"
     root.mkdir()
-    (root / "multirun.yaml").write_text("x")  # written by process 0 of this launch, after we started
-    monkeypatch.setenv("RANK", "1")
-    assert not _holds_an_earlier_run(root)
+    (root / "multirun.yaml").write_text("x")  # written by some process of this launch
+    launched = time.time() - 60
+    monkeypatch.setattr(entrypoint, "_launch_started", lambda: launched)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        assert not entrypoint._holds_an_earlier_run(root)
     old = root / "0"
     old.mkdir()
-    stamp = time.time() - 3600
-    os.utime(old, (stamp, stamp))  # a point directory of an earlier run
-    assert _holds_an_earlier_run(root)
-    monkeypatch.setenv("RANK", "0")
-    (old).rmdir()
-    assert _holds_an_earlier_run(root)  # process 0 counts every entry
-    assert not _holds_an_earlier_run(tmp_path / "missing")
+    os.utime(old, (launched - 3600, launched - 3600))  # a point directory of an earlier run
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        assert entrypoint._holds_an_earlier_run(root)
+    old.rmdir()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert entrypoint._holds_an_earlier_run(root)  # one process counts every entry
+    assert not entrypoint._holds_an_earlier_run(tmp_path / "missing")
+
+
+def test_launch_started_is_the_parent_process_start():
+    import psutil
+
+    from dflash2.entrypoint import _launch_started
+
+    assert _launch_started() == psutil.Process().parent().create_time() <= psutil.Process().create_time()
 
 
 def test_sweep_points_expand_like_hydra():

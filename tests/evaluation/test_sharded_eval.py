@@ -86,13 +86,18 @@ def test_merge_dedups_orders_canonically_and_drops_torn_shard_lines(tmp_path):
     assert [(r["arm"], r["sample_id"]) for r in extra] == keys[:2] + [("oracle@3", "g/0")] + keys[2:] + [("ar", "zz/9")]
 
 
+def _launch_cmd(out: Path, *overrides: str) -> list[str]:
+    """`accelerate launch` of eval/run.py on 2 processes: `--multi_gpu` starts them through
+    torchrun; on CPU they join a gloo group. `-m`: the overrides may form a Hydra grid."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            str(ROOT / "eval" / "run.py"), "-m", *BASE, f"output_dir={out}", *overrides]
+
+
 def _launch_two(out: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"}
-    # `--multi_gpu` starts 2 processes through torchrun; on CPU they join a gloo group.
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           str(ROOT / "eval" / "run.py"), "-m", *BASE, f"output_dir={out}", *overrides]  # -m: a Hydra grid
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(_launch_cmd(out, *overrides), cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
@@ -150,6 +155,23 @@ def test_two_processes_equal_one(two_batch1, one_batch1, point, temperature):
     one = one_batch1(temperature)
     _check_sharded_dir(two / str(point), one)
     assert proc.stdout.count("records: ") == 2  # only rank 0 reports, once per grid point
+
+
+def test_two_process_sweep_into_an_earlier_run_is_refused_and_writes_nothing(two_batch1):
+    """Every process of the launch sees the earlier sweep's files (older than the launcher) and
+    refuses in one line before Hydra writes anything."""
+    two, _ = two_batch1
+
+    def snapshot() -> dict[str, float]:
+        return {str(p.relative_to(two)): p.stat().st_mtime for p in two.rglob("*")}
+
+    before = snapshot()
+    cmd = _launch_cmd(two, "temperature=0,1")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "error: output_dir=" in proc.stderr and "is not empty" in proc.stderr
+    assert snapshot() == before
 
 
 @pytest.mark.skipif(not HAS_EXACT, reason="the engine has no exact mode yet")

@@ -110,6 +110,21 @@ def test_draft_for_another_target_is_refused(tmp_path):
         run(tmp_path / "run2", draft=other)
 
 
+def test_check_output_dir_counts_no_run_files_and_no_write_probe(tmp_path):
+    """Hydra's files, the job log and another process's writability probe are not an earlier run."""
+    from dflash2.runconfig import WRITE_PROBE, check_output_dir
+
+    out = tmp_path / "out"
+    (out / ".hydra").mkdir(parents=True)
+    for name in ("multirun.yaml", "eval.log", WRITE_PROBE):
+        (out / name).write_text("")
+    assert check_output_dir(out, False, job_name="eval") == out
+    (out / "records.jsonl").write_text("")
+    with pytest.raises(FileExistsError, match=r"is not empty \(records.jsonl\)"):
+        check_output_dir(out, False, job_name="eval")
+    assert check_output_dir(out, True, job_name="eval") == out
+
+
 def test_output_dir_rules(tmp_path):
     from hydra import compose, initialize_config_dir
 
