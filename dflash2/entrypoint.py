@@ -16,7 +16,9 @@ The contract a user sees:
                      creates the sweep directory
     one line         a user error prints `error: <message>` on stderr and exits with status 2
                      (no Hydra banner, no traceback); `DFLASH2_DEBUG=1` also prints the full
-                     traceback. Other exceptions (bugs) keep Python's traceback and status 1.
+                     traceback. A post-run check that failed (`CheckFailed`, raised after the
+                     run's outputs are written) prints one `error:` line too and exits with
+                     status 3. Other exceptions (bugs) keep Python's traceback and status 1.
 
 `run_entry(main)` applies the last rule around a `@hydra.main` function, `user_errors` inside it.
 """
@@ -36,6 +38,7 @@ from typing import Callable, Iterator
 
 DEBUG_ENV = "DFLASH2_DEBUG"
 USER_ERROR_STATUS = 2
+CHECK_FAILED_STATUS = 3
 
 
 class UserError(Exception):
@@ -45,6 +48,12 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A config value failed a check; the message names the key, the value and the fix."""
+
+
+class CheckFailed(Exception):
+    """A check on a finished run's results failed (e.g. `eval/run.py`'s `checks.*`). Raised after
+    every output is written; the entry points print its message as one line and exit with
+    status 3, so a script can tell it from a refused run (2) and a crash (1)."""
 
 
 @contextlib.contextmanager
@@ -231,8 +240,9 @@ def _one_line(text: str) -> str:
 
 
 def _refuse(exc: BaseException) -> None:
-    """Exit with the one-line rule if `exc` is a user error; return (for the caller to re-raise) if not."""
-    message = user_message(exc)
+    """Exit with the one-line rule if `exc` is a user error or a failed check; return (for the
+    caller to re-raise) if not."""
+    message = _one_line(str(exc)) if isinstance(exc, CheckFailed) else user_message(exc)
     if message is None:
         return
     if os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no"):
@@ -240,7 +250,7 @@ def _refuse(exc: BaseException) -> None:
     sys.stdout.flush()
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()
-    raise SystemExit(USER_ERROR_STATUS) from None
+    raise SystemExit(CHECK_FAILED_STATUS if isinstance(exc, CheckFailed) else USER_ERROR_STATUS) from None
 
 
 def user_errors(fn: Callable) -> Callable:

@@ -191,6 +191,44 @@ def test_eval_refuses_bad_config_and_writes_nothing(workdir, tmp_path, monkeypat
     assert _snapshot(run) == before
 
 
+def test_a_failed_eval_check_writes_the_run_then_exits_in_one_line_with_status_3(workdir, tmp_path, monkeypatch,
+                                                                                 capsys):
+    out = tmp_path / "run"
+    status, _, err = _run(EVAL, "experiment=tiny_cpu", f"output_dir={out}", "data.datasets=[gsm8k]", "data.limit=1",
+                          "max_new_tokens=4", "stats.n_resamples=20", "arms.selector_off=false",
+                          "checks.oracle_min_accepted=2.5", "checks.draft_min_accepted=2.0",
+                          monkeypatch=monkeypatch, capsys=capsys)
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("samples x arms:")]  # progress bar
+    assert status == 3, err
+    assert len(lines) == 1 and lines[0].startswith("error: evaluation checks failed: "), err   # no traceback
+    assert "oracle_min_accepted: mean accepted drafts per step must be >= 2.5; measured oracle@N=3 " in lines[0]
+    assert "draft_min_accepted: mean accepted drafts per step must be >= 2; measured dflash2@N=3 " in lines[0]
+    assert "identical_to_ar" not in lines[0] and lines[0].endswith(f"are in {out}")
+    summary = json.loads((out / "summary.json").read_text())   # everything was written first
+    assert summary["checks"]["oracle_min_accepted"]["passed"] is False
+    assert summary["checks"]["identical_to_ar"]["passed"] is True
+    assert (out / "records.jsonl").is_file() and (out / "report.html").is_file()
+
+
+def test_failed_checks_line_names_each_failure_and_skips_what_passed():
+    from dflash2.evaluation.runner import failed_checks_line
+
+    checks = {"oracle_mean_accepted_per_step": {"oracle@3": 0.5},
+              "oracle_min_accepted": {"threshold": 1.0, "passed": False, "not_checked": []},
+              "draft_min_accepted": {"threshold": 3.0, "passed": False, "not_checked": ["spec@1", "spec@3"],
+                                     "measured": {"spec@1": 0.4, "spec@3": 1.1}},
+              "identical_to_ar": {"records": 8, "differing": ["spec@3:g/0", "spec@3:g/1", "spec@7:g/0", "spec@7:g/1"],
+                                  "n_differing": 4, "passed": False}}
+    line = failed_checks_line(checks)
+    assert line == ("oracle_min_accepted: mean accepted drafts per step must be >= 1; measured oracle@3 0.50; "
+                    "draft_min_accepted: mean accepted drafts per step must be >= 3; measured no arm drafts more "
+                    "than 3 tokens; identical_to_ar: 4 of 8 speculative records differ from the AR arm "
+                    "(spec@3:g/0, spec@3:g/1, spec@7:g/0 ...)")
+    for key in ("oracle_min_accepted", "draft_min_accepted", "identical_to_ar"):
+        checks[key]["passed"] = True
+    assert failed_checks_line(checks) is None
+
+
 def test_regenerate_refuses_bad_config_and_writes_nothing(workdir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     for override, match in [("data.limit=0", "data.limit=0"), ("+data.limitt=3", "data.limitt: unknown key"),

@@ -537,8 +537,33 @@ def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = 
         wandb_dir = wandb_log.log_run(summary, records, cfg.logger, config, out_dir, predictions=predictions)
         if wandb_dir:
             log.info("W&B run directory: %s", wandb_dir)
-    failed = [k for k, v in summary["checks"].items() if isinstance(v, dict) and v.get("passed") is False]
-    if failed:
-        detail = json.dumps({k: summary["checks"][k] for k in failed})
-        raise RuntimeError(f"evaluation checks failed: {failed}: {detail}")
+    failure = failed_checks_line(summary["checks"])
+    if failure:
+        from dflash2.entrypoint import CheckFailed
+
+        raise CheckFailed(f"evaluation checks failed: {failure}; records, summary.json and the report are in "
+                          f"{out_dir}")
     return summary
+
+
+def failed_checks_line(checks: dict) -> str | None:
+    """The failed checks of `run_checks`'s result on one line (each with its threshold and what
+    was measured), or None when none failed."""
+    parts = []
+    for key, value in checks.items():
+        if not isinstance(value, dict) or value.get("passed") is not False:
+            continue
+        if key == "identical_to_ar":
+            shown = ", ".join(value["differing"][:3]) + (" ..." if value["n_differing"] > 3 else "")
+            parts.append(f"identical_to_ar: {value['n_differing']} of {value['records']} speculative records "
+                         f"differ from the AR arm ({shown})" if value["n_differing"] else
+                         "identical_to_ar: a speculative record has no AR record to compare with")
+        elif "threshold" in value:
+            measured = value.get("measured") or checks.get(key.replace("_min_accepted", "_mean_accepted_per_step"), {})
+            checked = {a: v for a, v in measured.items() if a not in value.get("not_checked", [])}
+            got = ", ".join(f"{a} {v:.2f}" for a, v in checked.items()) if checked else \
+                f"no arm drafts more than {value['threshold']:g} tokens"
+            parts.append(f"{key}: mean accepted drafts per step must be >= {value['threshold']:g}; measured {got}")
+        else:
+            parts.append(f"{key}: {json.dumps(value)}")
+    return "; ".join(parts) or None
