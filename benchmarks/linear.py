@@ -1,6 +1,6 @@
 """Benchmark the small-M linear kernel against `F.linear` (cuBLAS) at Qwen3-8B linear shapes.
 
-    python -m benchmarks.linear [--quick] [--sweep] [--rows 1 2 4 8 16 32] [--out linear.json]
+    python -m benchmarks.linear [--quick] [--sweep] [--rows 1 2 4 8 16 32] [--wide-rows 64 128] [--out linear.json]
 
 Per shape (q/o 4096x4096, k/v 1024x4096, gate/up 12288x4096, down 4096x12288, lm_head
 151936x4096; `[N, K]`, bf16) and rows M: the median time of one call from replays of a CUDA
@@ -9,7 +9,9 @@ over rotating weight copies (> L2 in total, so no call reads a cached weight), t
 must move, GB/s, % of the copy bandwidth measured in the same run (a large device-to-device copy,
 bytes read + written over its time), and the speedup over cuBLAS. Then the whole linear stack of
 the 8B target (36 layers x q, k, v, o, gate, up, down, plus the lm_head; 15.1 GB of distinct
-weights) captured as one graph per M, the figure issue 21 item 3 asks for. Each kernel result is
+weights) captured as one graph per M, the figure issue 21 item 3 asks for; and the same stack
+at `--wide-rows` rows (past one row tile: verify blocks at batch 8, exact mode), with the row
+groups against a weight read per 32 rows and cuBLAS. Each kernel result is
 checked against `F.linear` (max |difference| / max |reference| in the JSON).
 
 `--sweep` times a grid of tilings (`--block-n`, `--block-k`, `--warps`, `--stages`, `--splits`)
@@ -49,6 +51,7 @@ LAYER_LINEARS = (("q", HEADS * HEAD_DIM, HIDDEN), ("k", KV_HEADS * HEAD_DIM, HID
                  ("gate", INTER, HIDDEN), ("up", INTER, HIDDEN), ("down", HIDDEN, INTER))
 ROWS = (1, 2, 4, 8, 16, 32)
 QUICK_ROWS = (1, 8, 32)
+WIDE_ROWS = (64, 128)  # verify blocks of batch 8 at N = 7 and 15 (exact mode routes every row count)
 ROTATE_BYTES = 512 << 20  # weights rotated per timed graph (L2 is 60 MB on an H200)
 CALLS_PER_GRAPH_BYTES = 4 << 30  # weight bytes a timed graph reads in all (many ms per replay)
 
@@ -194,12 +197,7 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
         xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (HIDDEN, INTER)}
 
         def step(linear, between=False, stack=layers):
-            for layer in stack:
-                for w in layer:
-                    if between:  # a small PyTorch kernel before each linear, as a norm or an add is
-                        xs[w.shape[1]].mul_(1.0)
-                    linear(xs[w.shape[1]], w)
-            linear(xs[HIDDEN], head)
+            _stack_step(xs, stack, head, linear, between)
 
         def routed_step(i, mode=mode, between=False):
             with mode:
@@ -230,6 +228,49 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
                             kernel_fused_qkv_ms=t_fused / 1e3,
                             kernel_fused_qkv_pct_copy=100 * nbytes / t_fused / 1e3 / copy_gbs,
                             kernel_between_ms=t_kernel_between / 1e3, cublas_between_ms=t_cublas_between / 1e3))
+    del layers, head
+    torch.cuda.empty_cache()
+    return results
+
+
+def _stack_step(xs: dict[int, torch.Tensor], layers, head: torch.Tensor, linear, between: bool = False) -> None:
+    """One step's linears: every layer's weights in order, then the head, on the inputs `xs` by K."""
+    for layer in layers:
+        for w in layer:
+            if between:  # a small PyTorch kernel before each linear, as a norm or an add is
+                xs[w.shape[1]].mul_(1.0)
+            linear(xs[w.shape[1]], w)
+    linear(xs[HIDDEN], head)
+
+
+def bench_wide_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[dict]:
+    """The 8B linear stack past one row tile (verify blocks of batch 8 x 8 or 16 rows, exact mode's
+    any-row routing: `SmallMLinearMode(max_rows=None)`), the kernel with its default row groups
+    (one weight read per `row_tiles` row tiles) against one row tile per program (a weight read
+    per 32 rows) and cuBLAS, with q/k/v as one launch as in the engine."""
+    layers = [[(torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * k ** -0.5) for _, n, k in LAYER_LINEARS]
+              for _ in range(LAYERS)]
+    layers = [[torch.cat(layer[:3])] + layer[3:] for layer in layers]
+    head = torch.randn(VOCAB, HIDDEN, dtype=torch.bfloat16, device="cuda") * HIDDEN ** -0.5
+    grouped = SmallMLinearMode("triton", "cuda", max_rows=None)
+    shapes = {tuple(w.shape) for w in layers[0]} | {(VOCAB, HIDDEN)}
+    per_tile = SmallMLinearMode("triton", "cuda", max_rows=None, configs={
+        sh: dataclasses.replace(grouped.config_for(*sh, torch.bfloat16), row_tiles=1) for sh in shapes})
+    results = []
+    for m in rows:
+        xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (HIDDEN, INTER)}
+
+        def routed(i, mode):
+            with mode:
+                _stack_step(xs, layers, head, F.linear)
+
+        t = {name: time_graph_us(fn, 1, replays) for name, fn in (
+            ("grouped", lambda i: routed(i, grouped)), ("per_tile", lambda i: routed(i, per_tile)),
+            ("cublas", lambda i: _stack_step(xs, layers, head, F.linear)))}
+        nbytes = stack_bytes(m)
+        results.append(dict(m=m, bytes=nbytes, floor_ms=nbytes / copy_gbs / 1e6,
+                            **{f"{k}_ms": v / 1e3 for k, v in t.items()},
+                            **{f"{k}_pct_copy": 100 * nbytes / v / 1e3 / copy_gbs for k, v in t.items()}))
     del layers, head
     torch.cuda.empty_cache()
     return results
@@ -276,6 +317,13 @@ def _print_tables(report: dict) -> None:
         [[r["m"], r["kernel_ms"], r["kernel_pdl_ms"], r["kernel_no_pdl_ms"], r["cublas_ms"], r["floor_ms"], r["kernel_pct_copy"],
           r["cublas_pct_copy"], r["speedup"], r["kernel_fused_qkv_ms"], r["kernel_fused_qkv_pct_copy"],
           r["kernel_between_ms"], r["cublas_between_ms"]] for r in report["stack"]]))
+    if report.get("wide_stack"):
+        print("\n8B linear stack past one row tile (q/k/v fused; exact mode's routing):\n")
+        print(markdown_table(
+            ["M", "bytes floor ms", "kernel ms, row groups", "% copy", "kernel ms, a read per 32 rows", "% copy",
+             "cuBLAS ms", "% copy"],
+            [[r["m"], r["floor_ms"], r["grouped_ms"], r["grouped_pct_copy"], r["per_tile_ms"], r["per_tile_pct_copy"],
+              r["cublas_ms"], r["cublas_pct_copy"]] for r in report["wide_stack"]]))
     if report.get("sweep"):
         print("\nsweep, best tiling per shape (mean % of copy bandwidth over the rows):\n")
         rows = []
@@ -298,12 +346,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5])
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--pdl", type=int, nargs="+", default=[0], help="1: programmatic dependent launch, 0: off")
-    ap.add_argument("--no-stack", action="store_true", help="skip the whole-stack graph (15 GB of weights)")
+    ap.add_argument("--no-stack", action="store_true", help="skip the whole-stack graphs (15 GB of weights)")
+    ap.add_argument("--wide-rows", type=int, nargs="*", default=list(WIDE_ROWS),
+                    help=f"row counts past {MAX_ROWS} for the stack with row groups (default {WIDE_ROWS}; none: skip)")
     ap.add_argument("--out", default=None, help="write the JSON report here")
     args = ap.parse_args(argv)
     rows = tuple(args.rows or (QUICK_ROWS if args.quick else ROWS))
     if any(not 1 <= m <= MAX_ROWS for m in rows):
         ap.error(f"--rows must lie in 1..{MAX_ROWS}, got {rows}")
+    if any(m < 1 for m in args.wide_rows):
+        ap.error(f"--wide-rows must be >= 1, got {args.wide_rows}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device (this benchmark times GPU kernels)")
     replays = 5 if args.quick else 20
@@ -314,6 +366,8 @@ def main(argv: list[str] | None = None) -> dict:
     with torch.no_grad():
         report["shapes"] = bench_shapes(rows, report["copy_gbs"], replays, sms)
         report["stack"] = [] if args.no_stack else bench_stack(rows, report["copy_gbs"], replays)
+        report["wide_stack"] = ([] if args.no_stack or not args.wide_rows else
+                                bench_wide_stack(tuple(args.wide_rows), report["copy_gbs"], replays))
         if args.sweep:
             grid = dict(block_n=args.block_n, block_k=args.block_k, warps=args.warps, stages=args.stages,
                         splits=args.splits, pdl=args.pdl)

@@ -109,6 +109,30 @@ def test_row_tiles_past_max_rows_keep_each_rows_bits(config, triton_device):
         small_m_linear(x, w, b, impl="triton", config=config)  # the default cap: one row tile
 
 
+@pytest.mark.parametrize("split", [1, 3], ids=["one-split", "split3"])
+def test_row_groups_read_each_weight_tile_once_and_keep_each_rows_bits(split, triton_device):
+    """Past one row tile a program serves up to `row_tiles` row tiles from each weight tile: the
+    outputs are the same bits for 1, 2, 3 or 4 row tiles per program, for a row alone, and for a
+    slice that moves every row to another tile and group (five row tiles: two groups of 4, the
+    second partial)."""
+    rows = 4 * MAX_ROWS + 9
+    x, w, b = _operands(rows, 37, 70, torch.bfloat16, triton_device)
+    outs = {g: small_m_linear(x, w, b, impl="triton", config=LinearConfig(16, 16, split, row_tiles=g), max_rows=None)
+            for g in (1, 2, 3, 4)}
+    for g in (2, 3, 4):
+        assert torch.equal(outs[g], outs[1]), f"{g} row tiles per program changed the bits"
+    config = LinearConfig(16, 16, split)
+    assert config.row_tiles == 4  # the default
+    for i in (0, 31, 32, 100, 127, 128, rows - 1):
+        assert torch.equal(small_m_linear(x[i:i + 1], w, b, impl="triton", config=config), outs[4][i:i + 1]), i
+    shifted = small_m_linear(x[37:], w, b, impl="triton", config=config, max_rows=None)
+    assert torch.equal(shifted, outs[4][37:])
+    ref = linear_reference(x.float(), w.float(), b.float())
+    assert (outs[4].float() - ref).abs().max() <= 0.02 * ref.abs().max() + 1e-2
+    with pytest.raises(ValueError, match="row_tiles"):
+        LinearConfig(16, 16, row_tiles=5)
+
+
 def test_repeated_calls_are_deterministic(triton_device):
     x, w, b = _operands(9, 37, 70, torch.bfloat16, triton_device)
     config = LinearConfig(16, 16, 3)
@@ -265,6 +289,24 @@ def test_8b_shapes_on_gpu_row_invariant_and_accurate(name, n, k, _, cuda_device,
     for lo, hi in [(0, 1), (5, 7), (0, 16), (31, 32)]:
         assert torch.equal(small_m_linear(x[lo:hi], w, impl="triton"), full[lo:hi]), f"rows {lo}:{hi}"
     _check_close(full, x, w, None, error_within)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, n, k, _", SHAPES[:4], ids=[s[0] for s in SHAPES[:4]])
+def test_8b_shapes_on_gpu_row_groups_keep_each_rows_bits(name, n, k, _, cuda_device):
+    """Past one row tile, at the real shapes and tilings: the default row groups give the bits of
+    one row tile per program and of each row alone (the MMAs' instruction is the same)."""
+    import dataclasses
+
+    rows = 4 * MAX_ROWS + 9
+    x, w, _ = _operands(rows, n, k, torch.bfloat16, cuda_device, bias=False)
+    sms = torch.cuda.get_device_properties(cuda_device).multi_processor_count
+    config = default_config(n, k, torch.bfloat16, sms)
+    full = small_m_linear(x, w, impl="triton", config=config, max_rows=None)
+    per_tile = small_m_linear(x, w, impl="triton", config=dataclasses.replace(config, row_tiles=1), max_rows=None)
+    assert torch.equal(full, per_tile)
+    for i in (0, 33, 127, 130):
+        assert torch.equal(small_m_linear(x[i:i + 1], w, impl="triton", config=config), full[i:i + 1]), i
 
 
 @pytest.mark.gpu

@@ -1,4 +1,5 @@
-"""Small-M linear: `F.linear` at decode and verify sizes, streaming the weights once per 32 rows.
+"""Small-M linear: `F.linear` at decode and verify sizes, streaming the weights once per 32 rows
+(once per 128 rows past that).
 
 At decode and verify sizes (M = 1..32 rows of a Qwen3-8B-shaped target) a linear layer is a
 read of its weight matrix (`python -m benchmarks.linear` times this kernel and cuBLAS against
@@ -10,10 +11,13 @@ and an optional split over K whose partials the last split to finish sums in a f
 Guarantees of the Triton path:
 - **Row invariance.** The tiling (`LinearConfig`) is chosen from `(N, K, dtype, SM count)`,
   never from the number of rows; rows do not interact, and every tile of `MAX_ROWS` rows runs the
-  same code, so row i of the output is bit-identical whether `x` holds that row alone or with any
-  number of others (a batch-invariant linear, as exact mode needs). Past `MAX_ROWS` rows each row
-  tile reads the weights again (through L2 when its neighbours read the same tile), so the
-  kernel is for decode and verify sizes; callers cap the rows they route (`max_rows`).
+  same arithmetic (how many row tiles share a program follows the row count, but no row's
+  MMAs or sums change with it), so row i of the output is bit-identical whether `x` holds that row alone or with any
+  number of others (a batch-invariant linear, as exact mode needs). Past `MAX_ROWS` rows a
+  program serves up to `LinearConfig.row_tiles` row tiles (4) from each weight tile it reads,
+  each with the same MMA on the same weight tile, and every further group of row tiles reads
+  the weights again (through L2 when its neighbours read the same tile), so the kernel is for
+  decode and verify sizes; callers cap the rows they route (`max_rows`).
 - **Deterministic.** The same inputs give the same bits on every call: with a split, an
   atomic ticket only decides which program adds the partials, never the order they are added in.
 - **Accuracy.** fp32 accumulation, one rounding to `x`'s dtype at the end (bias added in
@@ -50,9 +54,11 @@ except ImportError:  # triton missing: only impl="torch" works (resolve_impl say
     _tk = None
 
 __all__ = ["small_m_linear", "linear_reference", "kernel_fits", "LinearConfig", "default_config",
-           "ticket_buffer", "SmallMLinearMode", "FusedLinears", "fusable_groups", "MAX_ROWS", "DTYPES"]
+           "ticket_buffer", "SmallMLinearMode", "FusedLinears", "fusable_groups", "MAX_ROWS", "MAX_ROW_TILES",
+           "DTYPES"]
 
 MAX_ROWS = 32  # decode / verify blocks; the row tile is always this wide (row invariance)
+MAX_ROW_TILES = 4  # row tiles one program can serve from each weight tile it reads
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _DEFAULT_SMS = 132  # an H200; the interpreter (CPU) has no SM count of its own
 TICKETS = 1 << 14  # split-K counters a mode keeps: column tiles of the widest layer (lm_head / 16)
@@ -61,7 +67,9 @@ TICKETS = 1 << 14  # split-K counters a mode keeps: column tiles of the widest l
 @dataclass(frozen=True)
 class LinearConfig:
     """One tiling of the kernel: `block_n` output columns and `block_k` inputs per step of a
-    program, `split_k` programs over K per column tile, and Triton's `num_warps` /
+    program, `split_k` programs over K per column tile, `row_tiles` row tiles of `MAX_ROWS`
+    rows per program (1 to 4: past `MAX_ROWS` rows, one read of a weight tile serves that many
+    row tiles; a call takes as many as it has, up to this), and Triton's `num_warps` /
     `num_stages`. `block_n` and `block_k` are powers of two >= 16. `pdl`: launch with
     programmatic dependent launch where the GPU has it (compute capability 9.0+), so the kernel
     starts while the previous one on the stream drains (it waits for it before touching memory);
@@ -74,6 +82,7 @@ class LinearConfig:
     num_warps: int = 4
     num_stages: int = 4
     pdl: bool = False
+    row_tiles: int = 4
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -82,6 +91,8 @@ class LinearConfig:
                 raise ValueError(f"{name} must be a power of two >= 16, got {v}")
         if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"split_k, num_warps and num_stages must be >= 1, got {self}")
+        if not 1 <= self.row_tiles <= MAX_ROW_TILES:
+            raise ValueError(f"row_tiles must be 1..{MAX_ROW_TILES}, got {self.row_tiles}")
 
 
 def default_config(n: int, k: int, dtype: torch.dtype, sm_count: int = _DEFAULT_SMS) -> LinearConfig:
@@ -126,28 +137,29 @@ def _small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
                            config: LinearConfig, tickets: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton path on `x [M, K]` (any M >= 1, unit stride along K), `weight [N, K]`
     (unit stride along K), `bias [N] | None`; returns a new `[M, N]` tensor of `x.dtype`.
-    `tickets` (split K only): a `ticket_buffer` with at least one counter per (row tile, column
+    `tickets` (split K only): a `ticket_buffer` with at least one counter per (row group, column
     tile); None (or a smaller one) zeroes a fresh one."""
     m, k = x.shape
     n = weight.shape[0]
     chunk, splits = _split_chunk(k, config.block_k, config.split_k)
     tiles = -(-n // config.block_n)
-    row_tiles = -(-m // MAX_ROWS)
+    group = min(config.row_tiles, -(-m // MAX_ROWS))  # row tiles per program
+    groups = -(-m // (MAX_ROWS * group))
     pdl = config.pdl and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if splits > 1:
         part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)  # [split, M, N]
-        if tickets is None or tickets.numel() < tiles * row_tiles:
-            tickets = ticket_buffer(x.device, tiles * row_tiles)
+        if tickets is None or tickets.numel() < tiles * groups:
+            tickets = ticket_buffer(x.device, tiles * groups)
     else:
         part = tickets = out  # never read with one split
-    _tk._small_m_linear_kernel[(row_tiles, tiles, splits)](
+    widen = x.device.type == "cpu" and x.dtype != torch.float32
+    _tk._small_m_linear_kernel[(groups, tiles, splits)](
         x, weight, bias if bias is not None else weight, out, part, tickets, m, n, k, chunk,
         x.stride(0), weight.stride(0), out.stride(0),
-        BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLITS=splits,
+        BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLITS=splits, ROW_TILES=group,
         EVEN_K=k % config.block_k == 0,  # then every split's range is whole blocks
-        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
-        WIDEN=x.device.type == "cpu" and x.dtype != torch.float32, PDL=pdl,
+        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32 or widen, WIDEN=widen, PDL=pdl,
         num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
     return out
 
@@ -217,17 +229,18 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 @torch.library.custom_op("dflash2::small_m_linear", mutates_args=())
 def _small_m_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tickets: torch.Tensor,
                        block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int,
-                       pdl: bool) -> torch.Tensor:
+                       pdl: bool, row_tiles: int) -> torch.Tensor:
     """The Triton path as one opaque operator, so `torch.compile` keeps it whole (dynamo traces
     `SmallMLinearMode.__torch_function__` and emits this op; Inductor calls it as an extern
     kernel). Declared pure: `tickets` is scratch that every call returns to zero before it ends,
     and calls on one stream run in order, so no call observes another's use of it."""
-    config = LinearConfig(block_n, block_k, split_k, num_warps, num_stages, pdl)
+    config = LinearConfig(block_n, block_k, split_k, num_warps, num_stages, pdl, row_tiles)
     return _small_m_linear_triton(x, weight, bias, config, tickets)
 
 
 @_small_m_linear_op.register_fake
-def _small_m_linear_fake(x, weight, bias, tickets, block_n, block_k, split_k, num_warps, num_stages, pdl):
+def _small_m_linear_fake(x, weight, bias, tickets, block_n, block_k, split_k, num_warps, num_stages, pdl,
+                         row_tiles):
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
@@ -426,5 +439,6 @@ def _compiled_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     k, n = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k).contiguous()
     out = _small_m_linear_op(x2, weight, None if bias is None else bias.contiguous(), tickets, config.block_n,
-                             config.block_k, config.split_k, config.num_warps, config.num_stages, config.pdl)
+                             config.block_k, config.split_k, config.num_warps, config.num_stages, config.pdl,
+                             config.row_tiles)
     return out.reshape(*x.shape[:-1], n)
