@@ -35,7 +35,7 @@ from dflash2.engine.draft import DraftStep, Proposal
 from dflash2.engine.reports import REPORT_ROWS, StepReports
 from dflash2.engine.settings import EXACT_SPLIT_KEYS, EngineSettings
 from dflash2.engine.sampling import filter_logits, invalid_rows
-from dflash2.kernels.linear import SmallMLinearMode, fusable_groups
+from dflash2.kernels.linear import MAX_ROWS, SmallMLinearMode, fusable_groups
 from dflash2.kernels.verify import verify_block
 from dflash2.target import TargetModel
 
@@ -180,19 +180,20 @@ class DecodeState:
         # Invariant exact mode routes every linear (any row count) and the norms' means through
         # batch-invariant kernels around the steps; the normal mode's linear mode (linear_impl)
         # covers prefill and steps.
+        # Each attention's q/k/v as one launch, except where dynamo traces the attention modules
+        # (compile level "full": each linear runs there as its own operator). In exact mode too:
+        # a column's bits depend on its weight row, the input row and the tiling of the fused
+        # matrix, which every call and arm of a run shares.
         self.mean_mode = None
+        self.linear_mode = None
+        if engine.invariant_exact or engine.linear_impl == "triton":
+            fused = fusable_groups(tgt.model) if engine.compile_level != "full" else None
+            self.linear_mode = SmallMLinearMode("triton", device, max_rows=None if engine.invariant_exact else MAX_ROWS,
+                                                fused=fused)
         if engine.invariant_exact:
             from dflash2.kernels.row_mean import RowMeanMode
 
-            self.linear_mode = SmallMLinearMode("triton", device, max_rows=None)
             self.mean_mode = RowMeanMode("triton", device)
-        elif engine.linear_impl == "triton":
-            # Each attention's q/k/v as one launch, except where dynamo traces the attention
-            # modules (compile level "full": each linear runs there as its own operator).
-            fused = fusable_groups(tgt.model) if engine.compile_level != "full" else None
-            self.linear_mode = SmallMLinearMode("triton", device, fused=fused)
-        else:
-            self.linear_mode = None
         self.trash = max_len  # the column of `tokens` that absorbs masked writes
         longs = dict(dtype=torch.long, device=device)
         self.tokens = torch.zeros(batch, max_len + 1, **longs)

@@ -56,11 +56,12 @@ def test_the_invariant_kernels_run_batched(target, monkeypatch):
     import dflash2.kernels.linear as linear
     import dflash2.kernels.row_mean as row_mean
 
-    seen = {"linear_rows": [], "means": 0, "splits": [], "forwards": []}
+    seen = {"linear_rows": [], "linear_w": set(), "means": 0, "splits": [], "forwards": []}
     real_lin, real_mean, real_attn = linear.small_m_linear, row_mean.row_mean, cache_mod.row_attention_kernel
 
     def lin(*a, **k):
         seen["linear_rows"].append(a[0].numel() // a[0].shape[-1])
+        seen["linear_w"].add(a[1].data_ptr())
         return real_lin(*a, **k)
 
     def mean(*a, **k):
@@ -89,6 +90,10 @@ def test_the_invariant_kernels_run_batched(target, monkeypatch):
     # Then one batched forward per step at the block's own width: 1 for AR, N + 1 for the verify.
     assert set(ar_forwards[b:]) == {(b, 1)} and set(seen["forwards"][b:]) == {(b, W)}
     assert b * W > 32 and b * W in seen["linear_rows"]  # past one row tile of the small-M kernel
+    attn0 = target.model.model.layers[0].self_attn
+    # each attention's q/k/v as one launch over their concatenated weights, as in normal mode
+    assert attn0.o_proj.weight.data_ptr() in seen["linear_w"]
+    assert not {lin.weight.data_ptr() for lin in (attn0.q_proj, attn0.k_proj, attn0.v_proj)} & seen["linear_w"]
     assert seen["means"] > 0
     layers = target.config.num_hidden_layers
     prefill_calls = [c for c in seen["splits"] if c[0] == "torch"]
