@@ -10,7 +10,8 @@ memory allows) so repeated calls do not time the cache. Shapes: H 4096, V 151936
 16 (N = 15 drafts), k 16 candidates, rank 256, conv K 2, g 16, bf16 activations/weights,
 fp32 target logits; row attention at Qwen3-8B heads (32 / 8, hd 128) over a 512-token context
 with 1, 4 and 16 queries per row (the reference is SDPA with the per-row mask, the engine's
-default). ``--sweep`` also times alternative tilings (used to pick the defaults).
+default); the draft's norm-RoPE of a block's 16 keys and values into its cache (the reference:
+RMSNorm, RoPE and two scatters). ``--sweep`` also times alternative tilings (used to pick the defaults).
 """
 
 from __future__ import annotations
@@ -165,6 +166,29 @@ def attention_case(batch: int, queries: int, context: int = 512, tiling: dict | 
     return tri, ref, nbytes, f"B{batch} q{queries} 32/8 heads hd128 kv{slots} bf16"
 
 
+def norm_rope_case(batch: int, tokens: int = Q, cache_len: int = 512 + Q):
+    """One draft layer's norm-RoPE into its cache: the block's `tokens` keys and values (8 K/V
+    heads, hd 128) written at their slots, as `DraftAttention.write_kv` does; the reference is the
+    module's ops (RMSNorm, RoPE, two scatters)."""
+    from dflash2.kernels.norm_rope import norm_rope_into_cache
+
+    dev, kv_heads, hd = "cuda", 8, 128
+    nbytes = 2 * 2 * batch * tokens * kv_heads * hd * 2 + 2 * batch * tokens * hd * 2  # k, v in and out; cos, sin
+    sets = []
+    for _ in range(_n_sets(nbytes, 16)):
+        k = torch.randn(batch, tokens, kv_heads, hd, device=dev, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        w = torch.ones(hd, device=dev, dtype=torch.bfloat16)
+        ang = torch.rand(batch, tokens, hd, device=dev) * 6.28
+        cos, sin = ang.cos().bfloat16(), ang.sin().bfloat16()
+        caches = [torch.zeros(batch, kv_heads, cache_len, hd, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+        slots = (512 + torch.arange(tokens, device=dev))[None].expand(batch, -1).contiguous()
+        sets.append((k, v, w, 1e-6, cos, sin, *caches, slots))
+    tri = [(lambda s=s: norm_rope_into_cache(*s, impl="triton")) for s in sets]
+    ref = [(lambda s=s: norm_rope_into_cache(*s, impl="torch")) for s in sets]
+    return tri, ref, nbytes, f"[{batch},{tokens},8,128] -> cache bf16"
+
+
 def step_fns(batch: int, impl: str):
     """All DFlash2-specific work of one step: 20 conv applications, top-K, walk, verify."""
     conv_tri, conv_ref, _, _ = conv_case(batch)
@@ -243,6 +267,8 @@ def main(argv: list[str] | None = None) -> str:
         for queries in (1, 4, 16):
             tri, ref, nbytes, shape = attention_case(batch, queries)
             row("row_attention (1 layer)", batch, shape, nbytes, tri, ref)
+        tri, ref, nbytes, shape = norm_rope_case(batch)
+        row("norm_rope_into_cache (1 layer's block)", batch, shape, nbytes, tri, ref)
         st = _time_graph_us([step_fns(batch, "triton")], 3)
         sr = _time_graph_us([step_fns(batch, "torch")], 3)
         step_rows.append((batch, st, sr))

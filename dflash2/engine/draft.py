@@ -79,7 +79,7 @@ class DFlash2Proposer:
         target: the `TargetModel` (its embedding table and LM head are the draft's).
         batch_size, max_len: cache rows and slots per row.
         impl: kernel implementation, already resolved (`"torch"` or `"triton"`): top-k, selector
-            walk and the draft's conv.
+            walk, the draft's conv and its attention's norm-RoPE cache writes.
         clock: returns a wall-clock reading, synchronizing the device first when timing.
         attention_impl: the draft's cached attention, resolved (`"torch"` or `"triton"`).
         use_selector: False proposes the per-slot argmax with one-hot q (k = 1) even for a draft
@@ -107,7 +107,7 @@ class DFlash2Proposer:
         `propose` then gets an empty context (counts 0), like any step after one that
         committed nothing new (`DFlash2DraftModel.absorb_context`)."""
         dtype = self.target.model.get_input_embeddings().weight.dtype  # what propose casts the context to
-        self.draft.absorb_context(context.to(dtype), positions, self.cache, counts)
+        self.draft.absorb_context(context.to(dtype), positions, self.cache, counts, kernel_impl=self.impl)
 
     def propose(self, step: DraftStep) -> Proposal:
         n = step.num_speculative_tokens

@@ -26,6 +26,8 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 from dflash2.checkpoint import load_draft, save_draft
 from dflash2.config import DFlash2Config
 from dflash2.kernels.dispatch import triton_interpreter_enabled
+from dflash2.kernels.norm_rope import fits as norm_rope_fits
+from dflash2.kernels.norm_rope import norm_rope, norm_rope_into_cache
 from dflash2.kernels.row_attention import kernel_fits, row_attention
 from dflash2.modeling.cache import DraftContextCache
 from dflash2.modeling.conv import GroupedDynamicConv
@@ -115,26 +117,63 @@ class DraftAttention(nn.Module):
         v = self.v_proj(x).view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return _rope(k, cos, sin), v  # [B, nkv, S, hd]
 
-    def forward(self, u, ctx, rope_blk, rope_ctx, mask, cache: DraftContextCache | None, layer_idx, slots):
+    def fused_norm_rope(self, x: torch.Tensor, cos: torch.Tensor, impl: str | None) -> bool:
+        """Whether the cached forward runs the norms, RoPE and cache writes of `x`'s projections
+        as `dflash2.kernels.norm_rope` launches: `impl == "triton"`, on CUDA or under the Triton
+        interpreter, with the norms' weights, `x` and `cos` in one dtype the kernel takes."""
+        if impl != "triton" or not (x.is_cuda or triton_interpreter_enabled()):
+            return False
+        probe = torch.empty((1, 1, self.num_kv_heads, self.head_dim), dtype=x.dtype, device="meta")
+        return (norm_rope_fits(probe, self.q_norm.weight, cos) and norm_rope_fits(probe, self.k_norm.weight, cos)
+                and x.dtype == self.q_proj.weight.dtype)
+
+    def write_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DraftContextCache,
+                 layer_idx: int, slots: torch.Tensor, impl: str | None = None) -> None:
+        """The keys and values of `x [B, S, H]` (RoPE at `cos, sin [B, S, hd]`) into the cache at
+        `slots [B, S]`: one launch with the fused kernel (`fused_norm_rope`), else the module's ops
+        and `DraftContextCache.write`."""
+        if self.fused_norm_rope(x, cos, impl):
+            B, S, _ = x.shape
+            shape = (B, S, self.num_kv_heads, self.head_dim)
+            norm_rope_into_cache(self.k_proj(x).view(shape), self.v_proj(x).view(shape), self.k_norm.weight,
+                                 self.k_norm.variance_epsilon, cos, sin, cache.keys[layer_idx], cache.values[layer_idx],
+                                 slots, impl="triton")
+        else:
+            k, v = self._kv(x, cos, sin)                          # [B, nkv, S, hd]
+            cache.write(layer_idx, k, v, slots)
+
+    def _cached_qkv(self, u, ctx, rope_blk, rope_ctx, cache: DraftContextCache, layer_idx, slots, impl):
+        """Queries `[B, nh, q, hd]` of the block; the context's and then the block's keys and values
+        written into the cache (the block at the slots right after the context, which the next
+        step's context overwrites)."""
         B, q, _ = u.shape
-        Q = self.q_norm(self.q_proj(u).view(B, q, self.num_heads, self.head_dim)).transpose(1, 2)
-        Q = _rope(Q, *rope_blk)                                   # [B, nh, q, hd]
-        k_blk, v_blk = self._kv(u, *rope_blk)                     # [B, nkv, q, hd]
-        k_ctx, v_ctx = self._kv(ctx, *rope_ctx)                   # [B, nkv, c, hd]
+        ctx_slots, blk_slots = slots
+        x = self.q_proj(u).view(B, q, self.num_heads, self.head_dim)
+        if self.fused_norm_rope(u, rope_blk[0], impl):
+            Q = norm_rope(x, self.q_norm.weight, self.q_norm.variance_epsilon, *rope_blk, impl="triton")
+        else:
+            Q = _rope(self.q_norm(x).transpose(1, 2), *rope_blk)
+        self.write_kv(ctx, *rope_ctx, cache, layer_idx, ctx_slots, impl)
+        self.write_kv(u, *rope_blk, cache, layer_idx, blk_slots, impl)
+        return Q
+
+    def forward(self, u, ctx, rope_blk, rope_ctx, mask, cache: DraftContextCache | None, layer_idx, slots,
+                kernel_impl: str | None = None):
+        B, q, _ = u.shape
         gqa = self.num_heads != self.num_kv_heads
         if cache is not None:
-            # Inference: the new context and then the block go into the cache (the block at the
-            # slots right after the context, which the next step's context overwrites), and the
-            # attention reads the cache buffer in place: no [context; block] copy per layer.
-            ctx_slots, blk_slots = slots
-            cache.write(layer_idx, k_ctx, v_ctx, ctx_slots)
-            cache.write(layer_idx, k_blk, v_blk, blk_slots)
+            # Inference: the attention reads the cache buffer in place (no [context; block] copy
+            # per layer); `kernel_impl == "triton"` fuses the norms, RoPE and cache writes.
+            Q = self._cached_qkv(u, ctx, rope_blk, rope_ctx, cache, layer_idx, slots, kernel_impl)
             K, V = cache.keys[layer_idx].to(Q.dtype), cache.values[layer_idx].to(Q.dtype)
             if mask.dtype == torch.bool:  # [B, 1, q, S] visibility
                 out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, enable_gqa=gqa).transpose(1, 2)
             else:  # [B, q] last visible slot per query: the split-key kernel, no mask tensor
                 out = row_attention(Q, K, V, mask, impl="triton")
             return self.o_proj(out.reshape(B, q, -1))
+        Q = _rope(self.q_norm(self.q_proj(u).view(B, q, self.num_heads, self.head_dim)).transpose(1, 2), *rope_blk)
+        k_blk, v_blk = self._kv(u, *rope_blk)                     # [B, nkv, q, hd]
+        k_ctx, v_ctx = self._kv(ctx, *rope_ctx)                   # [B, nkv, c, hd]
         K = torch.cat([k_ctx.to(k_blk.dtype), k_blk], dim=2)
         V = torch.cat([v_ctx.to(v_blk.dtype), v_blk], dim=2)
         if _is_block_mask(mask):  # training layouts: block-sparse FlexAttention (dflash2.training.layout)
@@ -165,7 +204,7 @@ class DraftDecoderLayer(nn.Module):
         if self.attention_conv is not None:
             d = self.attention_conv.project(u)                    # [B, q, 2*K*G] from the input
             u = self.attention_conv(u, d, 0, block_len, impl=conv_impl)
-        y = self.self_attn(u, ctx, rope_blk, rope_ctx, mask, cache, self.layer_idx, slots)
+        y = self.self_attn(u, ctx, rope_blk, rope_ctx, mask, cache, self.layer_idx, slots, conv_impl)
         if self.attention_conv is not None:
             y = self.attention_conv(y, d, 1, block_len, impl=conv_impl)
         x = x + y
@@ -342,7 +381,9 @@ class DFlash2DraftModel(PreTrainedModel):
                 without a cache only. Either replaces every layer's own causal/window rule.
             block_len: conv block length; default `q` (one block).
             kernel_impl: the conv kernels' implementation for this call, resolved (`"torch"` or
-                `"triton"`); None = each conv's own `impl`.
+                `"triton"`); None = each conv's own `impl`. With a cache, `"triton"` also runs the
+                attention's norms, RoPE and cache writes as `dflash2.kernels.norm_rope` launches
+                (`DraftAttention.fused_norm_rope`).
             attention_impl: the cached (inference) attention's kernel, resolved: `"torch"` (SDPA
                 with a mask) or `"triton"` (`dflash2.kernels.row_attention`, where its limits
                 allow); cache-free (training) forwards ignore it.
@@ -390,7 +431,7 @@ class DFlash2DraftModel(PreTrainedModel):
         return self.norm(x)
 
     def absorb_context(self, target_hidden: torch.Tensor, position_ids: torch.Tensor, cache: DraftContextCache,
-                       context_lengths: torch.Tensor | None = None) -> None:
+                       context_lengths: torch.Tensor | None = None, kernel_impl: str | None = None) -> None:
         """Write the context K/V of `target_hidden` into `cache`, as `forward` does for its new
         context, without drafting a block (the prompt after the prefill, so the first drafting
         step has the shape of every later one).
@@ -401,9 +442,10 @@ class DFlash2DraftModel(PreTrainedModel):
             cache: the draft's cache; each row's entries go at its current length, which then
                 grows by `context_lengths` (default `c`).
             context_lengths: `[B]` valid entries per row.
-        Guarantees: the cache ends as `forward` with the same context would leave it (each
-        layer's context K/V depend on the context alone; the same kernels at the same shapes),
-        so drafting from it gives the same blocks.
+            kernel_impl: as `forward`'s (`"triton"`: the fused norm-RoPE cache writes).
+        Guarantees: the cache ends as `forward` with the same context and `kernel_impl` would
+        leave it (each layer's context K/V depend on the context alone; the same kernels at the
+        same shapes), so drafting from it gives the same blocks.
         """
         B, c, _ = target_hidden.shape
         position_ids = position_ids.expand(B, -1)
@@ -413,8 +455,7 @@ class DFlash2DraftModel(PreTrainedModel):
         cache.check_capacity(c)
         slots = cache.slots_for(c)
         for layer in self.layers:
-            k, v = layer.self_attn._kv(ctx, cos, sin)
-            cache.write(layer.layer_idx, k, v, slots)
+            layer.self_attn.write_kv(ctx, cos, sin, cache, layer.layer_idx, slots, kernel_impl)
         cache.advance(counts)
 
     # ------------------------------------------------------------------ checkpoint IO

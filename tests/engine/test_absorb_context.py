@@ -5,6 +5,7 @@ in the first forward (the engine's former eager first step)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dflash2.engine.draft import DFlash2Proposer
@@ -14,7 +15,14 @@ from tests.engine.helpers import fp32_target_draft_prompts
 VOCAB = 300
 
 
-def test_absorbed_prompt_context_drafts_the_same_block():
+@pytest.mark.parametrize("kernel_impl", [None, "triton"], ids=["reference", "fused-norm-rope"])
+def test_absorbed_prompt_context_drafts_the_same_block(kernel_impl):
+    if kernel_impl == "triton":
+        pytest.importorskip("triton")
+        from dflash2.kernels.dispatch import triton_interpreter_enabled
+
+        if not triton_interpreter_enabled():
+            pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py on machines without CUDA)")
     target, draft, _ = fp32_target_draft_prompts(VOCAB, layers=4)
     target = TargetModel(target)
     cfg = draft.config
@@ -33,14 +41,14 @@ def test_absorbed_prompt_context_drafts_the_same_block():
     with torch.no_grad():
         direct = draft.new_cache(b, 64)
         h_direct = draft(position_ids=torch.cat([pos, block_pos], 1), noise_embedding=noise, target_hidden=feats,
-                         past_key_values=direct, context_lengths=counts)
+                         past_key_values=direct, context_lengths=counts, kernel_impl=kernel_impl)
         absorbed = draft.new_cache(b, 64)
-        draft.absorb_context(feats, pos, absorbed, counts)
+        draft.absorb_context(feats, pos, absorbed, counts, kernel_impl=kernel_impl)
         assert absorbed.lengths.tolist() == counts.tolist()
         empty = torch.zeros(b, 1 + n, feats.shape[-1])  # the engine's context buffer, nothing valid
         h_absorbed = draft(position_ids=torch.cat([torch.zeros(b, 1 + n, dtype=torch.long), block_pos], 1),
                            noise_embedding=noise, target_hidden=empty, past_key_values=absorbed,
-                           context_lengths=torch.zeros(b, dtype=torch.long))
+                           context_lengths=torch.zeros(b, dtype=torch.long), kernel_impl=kernel_impl)
     assert torch.equal(h_direct, h_absorbed)
     assert direct.lengths.tolist() == absorbed.lengths.tolist()
     for layer in range(cfg.num_hidden_layers):  # the valid context slots hold the same K/V

@@ -80,6 +80,8 @@ def spies(monkeypatch):
     monkeypatch.setattr(cache_mod, "row_attention_kernel", target_kernel)
     monkeypatch.setattr(draft_mod, "row_attention", draft_kernel)
     monkeypatch.setattr(conv_mod, "grouped_dynamic_conv", conv)
+    for name in ("norm_rope", "norm_rope_into_cache"):  # the draft's fused norm-RoPE (kernel_impl)
+        monkeypatch.setattr(draft_mod, name, to_torch("draft norm-rope", getattr(draft_mod, name)))
     monkeypatch.setattr(draft_mod, "triton_interpreter_enabled", lambda: True)  # the draft may pick "triton"
     return seen
 
@@ -115,7 +117,8 @@ def test_calls_with_different_settings_do_not_interfere(models, spies):
     assert spies.pop(threading.get_ident()) == torch_points
     other = _run(models, TRITON)
     assert spies.pop(threading.get_ident()) == {("target attention", "triton"), ("draft attention", "triton"),
-                                                ("conv", "triton"), ("kernels", "triton")}
+                                                ("conv", "triton"), ("kernels", "triton"),
+                                                ("draft norm-rope", "triton")}
     again = _run(models, TORCH)
     assert spies.pop(threading.get_ident()) == torch_points
     assert [s.tolist() for s in again.sequences] == [s.tolist() for s in alone.sequences]

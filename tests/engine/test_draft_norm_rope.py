@@ -1,0 +1,89 @@
+"""The draft's cached forward with the fused norm-RoPE kernel (`kernel_impl="triton"`, the
+interpreter on CPU): three `dflash2.kernels.norm_rope` launches per layer in place of the
+module's norms, RoPE and cache scatters, the reference forward's hidden states and cache within
+bf16 rounding over two drafting steps, and greedy speculative decoding with it still equal to AR.
+(The GPU side: `tests/kernels/test_norm_rope.py` on CUDA and `benchmarks.step_profile`.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2.engine import speculative_generate
+from dflash2.modeling import draft as draft_mod
+from dflash2.modeling.cache import DraftContextCache
+from dflash2.target import TargetModel
+from tests.engine.helpers import fp32_target_draft_prompts
+
+VOCAB = 300
+
+
+@pytest.fixture
+def triton_cpu():
+    pytest.importorskip("triton")
+    from dflash2.kernels.dispatch import triton_interpreter_enabled
+
+    if not triton_interpreter_enabled():
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py on machines without CUDA)")
+
+
+def _two_steps(draft, kernel_impl, feats, noise):
+    """Two drafting forwards into one cache (a 5-token context, then 3 more): hidden states, cache."""
+    b = feats.shape[0]
+    cache = draft.new_cache(b, 64)
+    outs = []
+    with torch.no_grad():
+        for lo, hi, start in ((0, 5, 5), (5, 8, 8)):
+            c = hi - lo
+            block = start + torch.arange(noise.shape[1])[None].expand(b, -1)
+            pos = torch.cat([torch.arange(lo, hi)[None].expand(b, c), block], 1)
+            outs.append(draft(position_ids=pos, noise_embedding=noise, target_hidden=feats[:, lo:hi],
+                              past_key_values=cache, kernel_impl=kernel_impl))
+    return outs, cache
+
+
+def test_fused_draft_forward_matches_the_reference_in_three_launches_a_layer(triton_cpu, monkeypatch):
+    _, draft, _ = fp32_target_draft_prompts(VOCAB, layers=4)
+    draft = draft.to(torch.bfloat16)
+    cfg = draft.config
+    g = torch.Generator().manual_seed(5)
+    feats = torch.randn(2, 8, cfg.hidden_size * len(cfg.target_layer_ids), generator=g).to(torch.bfloat16)
+    noise = torch.randn(2, 4, cfg.hidden_size, generator=g).to(torch.bfloat16)
+    ref, ref_cache = _two_steps(draft, "torch", feats, noise)
+
+    launches, writes = [], []
+    real_q, real_kv, real_write = draft_mod.norm_rope, draft_mod.norm_rope_into_cache, DraftContextCache.write
+    monkeypatch.setattr(draft_mod, "norm_rope", lambda *a, **k: launches.append("q") or real_q(*a, **k))
+    monkeypatch.setattr(draft_mod, "norm_rope_into_cache", lambda *a, **k: launches.append("kv") or real_kv(*a, **k))
+    monkeypatch.setattr(DraftContextCache, "write", lambda *a, **k: writes.append(1) or real_write(*a, **k))
+    fused, fused_cache = _two_steps(draft, "triton", feats, noise)
+    layers = cfg.num_hidden_layers
+    assert launches == ["q", "kv", "kv"] * layers * 2 and not writes  # per layer and step: q, context, block
+
+    for r, f in zip(ref, fused):
+        assert (f.float() - r.float()).abs().max() <= 0.05 * r.float().abs().max()
+    assert fused_cache.lengths.tolist() == ref_cache.lengths.tolist() == [8, 8]
+    for layer in range(layers):
+        k_ref, k_fused = ref_cache.keys[layer][:, :, :8].float(), fused_cache.keys[layer][:, :, :8].float()
+        assert (k_fused - k_ref).abs().max() <= 2.0 ** -6 * k_ref.abs().max()  # a bf16 ulp or two
+        # the context's values are v_proj of the same context features, copied as they are
+        assert torch.equal(fused_cache.values[layer][:, :, :8], ref_cache.values[layer][:, :, :8])
+
+
+def test_the_reference_path_is_taken_without_triton_or_for_other_dtypes(triton_cpu):
+    _, draft, _ = fp32_target_draft_prompts(VOCAB, layers=2)
+    attn = draft.layers[0].self_attn
+    x = torch.zeros(1, 2, draft.config.hidden_size)
+    cos = torch.zeros(1, 2, draft.config.head_dim)
+    assert attn.fused_norm_rope(x, cos, "triton")
+    assert not attn.fused_norm_rope(x, cos, "torch") and not attn.fused_norm_rope(x, cos, None)
+    assert not attn.fused_norm_rope(x, cos.double(), "triton")  # a dtype the norms' weights do not share
+
+
+def test_greedy_speculative_with_the_fused_draft_equals_ar(triton_cpu):
+    target, draft, prompts = fp32_target_draft_prompts(VOCAB, layers=4)
+    target = TargetModel(target)
+    kw = dict(max_new_tokens=10, seed=0)
+    ar = speculative_generate(target, None, prompts, **kw)
+    spec = speculative_generate(target, draft, prompts, num_speculative_tokens=3, impl="triton", **kw)
+    assert [s.tolist() for s in spec.sequences] == [s.tolist() for s in ar.sequences]
