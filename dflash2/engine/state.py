@@ -180,14 +180,18 @@ class DecodeState:
         # Invariant exact mode routes every linear (any row count) and the norms' means through
         # batch-invariant kernels around the steps; the normal mode's linear mode (linear_impl)
         # covers prefill and steps.
-        # Each attention's q/k/v as one launch, except where dynamo traces the attention modules
-        # (compile level "full": each linear runs there as its own operator). In exact mode too:
-        # a column's bits depend on its weight row, the input row and the tiling of the fused
-        # matrix, which every call and arm of a run shares.
+        # Each attention's q/k/v as one launch, except where dynamo traces the target's attention
+        # modules (compile level "full": each linear runs there as its own operator). In exact
+        # mode too: a column's bits depend on its weight row, the input row and the tiling of the
+        # fused matrix, which every call and arm of a run shares. The DFlash2 draft (compiled
+        # "light" at every level) also gets its context's k/v as one launch.
         self.mean_mode = None
         self.linear_mode = None
         if engine.invariant_exact or engine.linear_impl == "triton":
-            fused = fusable_groups(tgt.model) if engine.compile_level != "full" else None
+            fused = fusable_groups(tgt.model) if engine.compile_level != "full" else []
+            draft = getattr(proposer, "draft", None)
+            if isinstance(draft, torch.nn.Module):
+                fused += fusable_groups(draft, kv_pairs=True)
             self.linear_mode = SmallMLinearMode("triton", device, max_rows=None if engine.invariant_exact else MAX_ROWS,
                                                 fused=fused)
         if engine.invariant_exact:
@@ -263,7 +267,7 @@ class DecodeState:
         self.cache.set_lengths(self.plens)
         if hasattr(self.proposer, "cache"):  # a DFlash2 proposer's draft context cache starts empty
             self.proposer.cache.reset()
-        if self.linear_mode is not None:  # fused copies of the target's weights follow in-place updates
+        if self.linear_mode is not None:  # fused copies of the models' weights follow in-place updates
             self.linear_mode.refresh_fused()
 
     def target_probs_input(self, logits: torch.Tensor) -> torch.Tensor:

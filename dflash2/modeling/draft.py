@@ -111,11 +111,21 @@ class DraftAttention(nn.Module):
         self.q_norm = Qwen3RMSNorm(hd, eps=config.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(hd, eps=config.rms_norm_eps)
 
-    def _kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _projections(self, x: torch.Tensor, *, queries: bool = False) -> tuple[torch.Tensor, ...]:
+        """`x [B, S, H]`'s key and value projections `[B, S, nkv, hd]` (queries first, `[B, S, nh,
+        hd]`, if asked), in the order q, k, v: under a `SmallMLinearMode` with this module's
+        fused groups (`fusable_groups(draft, kv_pairs=True)`) that is one launch."""
         B, S, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(B, S, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return _rope(k, cos, sin), v  # [B, nkv, S, hd]
+        kv = (B, S, self.num_kv_heads, self.head_dim)
+        q = (self.q_proj(x).view(B, S, self.num_heads, self.head_dim),) if queries else ()
+        return (*q, self.k_proj(x).view(kv), self.v_proj(x).view(kv))
+
+    def _kv_from(self, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Normed, rotated keys and the values, `[B, nkv, S, hd]` each, from their projections."""
+        return _rope(self.k_norm(k).transpose(1, 2), cos, sin), v.transpose(1, 2)
+
+    def _kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._kv_from(*self._projections(x), cos, sin)  # [B, nkv, S, hd]
 
     def fused_norm_rope(self, x: torch.Tensor, cos: torch.Tensor, impl: str | None) -> bool:
         """Whether the cached forward runs the norms, RoPE and cache writes of `x`'s projections
@@ -127,34 +137,38 @@ class DraftAttention(nn.Module):
         return (norm_rope_fits(probe, self.q_norm.weight, cos) and norm_rope_fits(probe, self.k_norm.weight, cos)
                 and x.dtype == self.q_proj.weight.dtype)
 
+    def _into_cache(self, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    cache: DraftContextCache, layer_idx: int, slots: torch.Tensor, fused: bool) -> None:
+        """Projections `k, v [B, S, nkv, hd]` normed, rotated and written into the cache at
+        `slots [B, S]`: one norm-RoPE launch if `fused`, else the module's ops and the cache's scatter."""
+        if fused:
+            norm_rope_into_cache(k, v, self.k_norm.weight, self.k_norm.variance_epsilon, cos, sin,
+                                 cache.keys[layer_idx], cache.values[layer_idx], slots, impl="triton")
+        else:
+            cache.write(layer_idx, *self._kv_from(k, v, cos, sin), slots)
+
     def write_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DraftContextCache,
                  layer_idx: int, slots: torch.Tensor, impl: str | None = None) -> None:
         """The keys and values of `x [B, S, H]` (RoPE at `cos, sin [B, S, hd]`) into the cache at
-        `slots [B, S]`: one launch with the fused kernel (`fused_norm_rope`), else the module's ops
-        and `DraftContextCache.write`."""
-        if self.fused_norm_rope(x, cos, impl):
-            B, S, _ = x.shape
-            shape = (B, S, self.num_kv_heads, self.head_dim)
-            norm_rope_into_cache(self.k_proj(x).view(shape), self.v_proj(x).view(shape), self.k_norm.weight,
-                                 self.k_norm.variance_epsilon, cos, sin, cache.keys[layer_idx], cache.values[layer_idx],
-                                 slots, impl="triton")
-        else:
-            k, v = self._kv(x, cos, sin)                          # [B, nkv, S, hd]
-            cache.write(layer_idx, k, v, slots)
+        `slots [B, S]`, as the cached forward writes its context (`fused_norm_rope` picks the path)."""
+        self._into_cache(*self._projections(x), cos, sin, cache, layer_idx, slots, self.fused_norm_rope(x, cos, impl))
 
     def _cached_qkv(self, u, ctx, rope_blk, rope_ctx, cache: DraftContextCache, layer_idx, slots, impl):
         """Queries `[B, nh, q, hd]` of the block; the context's and then the block's keys and values
         written into the cache (the block at the slots right after the context, which the next
-        step's context overwrites)."""
-        B, q, _ = u.shape
-        ctx_slots, blk_slots = slots
-        x = self.q_proj(u).view(B, q, self.num_heads, self.head_dim)
-        if self.fused_norm_rope(u, rope_blk[0], impl):
-            Q = norm_rope(x, self.q_norm.weight, self.q_norm.variance_epsilon, *rope_blk, impl="triton")
+        step's context overwrites: padding context entries of a row share slots with its block).
+        The block's q/k/v are projected first, then the context's k/v, so a fused linear mode runs
+        each as one launch."""
+        fused = self.fused_norm_rope(u, rope_blk[0], impl)
+        q_blk, k_blk, v_blk = self._projections(u, queries=True)
+        k_ctx, v_ctx = self._projections(ctx)
+        if fused:
+            Q = norm_rope(q_blk, self.q_norm.weight, self.q_norm.variance_epsilon, *rope_blk, impl="triton")
         else:
-            Q = _rope(self.q_norm(x).transpose(1, 2), *rope_blk)
-        self.write_kv(ctx, *rope_ctx, cache, layer_idx, ctx_slots, impl)
-        self.write_kv(u, *rope_blk, cache, layer_idx, blk_slots, impl)
+            Q = _rope(self.q_norm(q_blk).transpose(1, 2), *rope_blk)  # [B, nh, q, hd]
+        ctx_slots, blk_slots = slots
+        self._into_cache(k_ctx, v_ctx, *rope_ctx, cache, layer_idx, ctx_slots, fused)
+        self._into_cache(k_blk, v_blk, *rope_blk, cache, layer_idx, blk_slots, fused)
         return Q
 
     def forward(self, u, ctx, rope_blk, rope_ctx, mask, cache: DraftContextCache | None, layer_idx, slots,
@@ -171,8 +185,9 @@ class DraftAttention(nn.Module):
             else:  # [B, q] last visible slot per query: the split-key kernel, no mask tensor
                 out = row_attention(Q, K, V, mask, impl="triton")
             return self.o_proj(out.reshape(B, q, -1))
-        Q = _rope(self.q_norm(self.q_proj(u).view(B, q, self.num_heads, self.head_dim)).transpose(1, 2), *rope_blk)
-        k_blk, v_blk = self._kv(u, *rope_blk)                     # [B, nkv, q, hd]
+        q_blk, k_blk, v_blk = self._projections(u, queries=True)
+        Q = _rope(self.q_norm(q_blk).transpose(1, 2), *rope_blk)  # [B, nh, q, hd]
+        k_blk, v_blk = self._kv_from(k_blk, v_blk, *rope_blk)     # [B, nkv, q, hd]
         k_ctx, v_ctx = self._kv(ctx, *rope_ctx)                   # [B, nkv, c, hd]
         K = torch.cat([k_ctx.to(k_blk.dtype), k_blk], dim=2)
         V = torch.cat([v_ctx.to(v_blk.dtype), v_blk], dim=2)

@@ -288,18 +288,22 @@ class FusedLinears:
                 torch.cat([lin.bias.detach() for lin in self._linears], out=self.bias)
 
 
-def fusable_groups(model: torch.nn.Module) -> list[FusedLinears]:
+def fusable_groups(model: torch.nn.Module, *, kv_pairs: bool = False) -> list[FusedLinears]:
     """One `FusedLinears` per module of `model` with `q_proj`, `k_proj` and `v_proj` linears that
-    can fuse (stock attention modules), in module order. Their weights are copied: about the
-    q/k/v share of the linear bytes (1/8 at the Qwen3-8B shape) more memory."""
+    can fuse (stock attention modules), in module order; with `kv_pairs`, also one of its
+    `k_proj` and `v_proj` alone (for an attention that projects a second input to keys and
+    values only, as the DFlash2 draft's context: its k/v run as one launch when k is called
+    first with an input the q/k/v group did not take). Their weights are copied: about the q/k/v
+    share of the linear bytes (1/8 at the Qwen3-8B shape) more memory, and k/v again for pairs."""
     groups = []
     for module in model.modules():
         lins = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj")]
         if all(isinstance(lin, torch.nn.Linear) for lin in lins):
-            try:
-                groups.append(FusedLinears(lins))
-            except ValueError:
-                continue  # shapes or dtypes that do not fuse: those linears run one by one
+            for members in ([lins, lins[1:]] if kv_pairs else [lins]):
+                try:
+                    groups.append(FusedLinears(members))
+                except ValueError:
+                    continue  # shapes or dtypes that do not fuse: those linears run one by one
     return groups
 
 
