@@ -57,8 +57,10 @@ def _x_tile(x_ptr, rm, rk, k0, k_end, M, s_xm, EVEN_K: tl.constexpr, WIDEN: tl.c
 @triton.jit
 def _mma(w, xt, acc, IEEE: tl.constexpr):
     if IEEE:  # fp32 (or widened) tiles: full fp32 products (tf32 would round them)
-        return tl.dot(w, xt, acc, input_precision="ieee")
-    return tl.dot(w, xt, acc)
+        out = tl.dot(w, xt, acc, input_precision="ieee")
+    else:
+        out = tl.dot(w, xt, acc)
+    return out
 
 
 @triton.jit

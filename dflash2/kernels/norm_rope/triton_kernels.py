@@ -25,11 +25,12 @@ def _round(x, KIND: tl.constexpr):
     if KIND == 1:
         bits = x.to(tl.uint32, bitcast=True)
         bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16  # shifts keep it 32-bit
-        return bits.to(tl.float32, bitcast=True)
+        y = bits.to(tl.float32, bitcast=True)
     elif KIND == 2:
-        return x.to(tl.float16).to(tl.float32)
+        y = x.to(tl.float16).to(tl.float32)
     else:
-        return x
+        y = x
+    return y
 
 
 @triton.jit
