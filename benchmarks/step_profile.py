@@ -40,9 +40,11 @@ from dflash2.engine.compiled import COMPILE_LEVELS, COMPILED_FLAG
 from dflash2.evaluation.oracle import DeviceOracleProposer
 
 FAMILIES = [  # first match wins (attention before GEMM: some attention kernels are CUTLASS)
-    ("attention", re.compile(r"fmha|flash|attention|sdpa|cudnn|softmax")),
+    ("attention", re.compile(r"fmha|flash|attention|sdpa|cudnn|softmax|_row_attn_")),
     ("inductor", re.compile(r"^triton_")),
-    ("dflash2 triton", re.compile(r"_topk_|_selector_|_verify_|_keyed_|_grouped_dynamic_conv")),
+    ("small-M linear", re.compile(r"_small_m_linear")),
+    ("norm-RoPE", re.compile(r"_norm_rope")),
+    ("dflash2 triton", re.compile(r"_topk_|_selector_|_verify_|_keyed_|_grouped_dynamic_conv|_row_mean")),
     ("gemm", re.compile(r"gemm|gemv|nvjet|xmma|cutlass|splitk|cublas|matmul")),
     ("elementwise", re.compile(r"elementwise|vectorized|unrolled")),
     ("reduce", re.compile(r"reduce")),

@@ -19,6 +19,10 @@ def mod():
     ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),  # CUTLASS, but attention
     ("triton_red_fused__to_copy_mean_mul_pow_rsqrt_0", "inductor"),
     ("_topk_chunk_kernel", "dflash2 triton"),
+    ("_row_attn_split_kernel", "attention"),
+    ("_small_m_linear_kernel", "small-M linear"),
+    ("_norm_rope_kernel", "norm-RoPE"),
+    ("_row_mean_kernel", "dflash2 triton"),
     ("void at::native::vectorized_elementwise_kernel<4, rsqrt>", "elementwise"),
     ("void at::native::reduce_kernel<512, 1, MeanOps>", "reduce"),
     ("CatArrayBatchedCopy<OpaqueType<2u>>", "copy/cat/fill"),
