@@ -29,8 +29,9 @@ Guarantees of the Triton path:
   A split also needs a ticket counter per column tile, zero between calls: pass a long-lived
   `ticket_buffer` (the mode keeps one; each call leaves it at zero, so replays find it so), or
   a zeroed one is allocated per call.
-  The first call per (shape, dtype, config) compiles the kernel: make it (a warm-up step)
-  before capture, as for every Triton kernel.
+  The first call per (shape, dtype, config, row tiles per program: 1 to 4, from the row count)
+  compiles the kernel: make it (a warm-up step at the captured row count) before capture, as
+  for every Triton kernel.
 
 `SmallMLinearMode` routes the stock `nn.Linear` modules of a target through the kernel without
 touching modeling code (a `torch.overrides.TorchFunctionMode`): inside `with mode:` every

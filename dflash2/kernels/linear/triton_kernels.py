@@ -85,7 +85,7 @@ def _finish(acc, rm, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS: tl.con
         tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit(do_not_specialize=["M"])  # one binary for every row count (M = 1 would be specialized)
+@triton.jit(do_not_specialize=["M"])  # one binary per ROW_TILES for every row count (M = 1 would be specialized)
 def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, ticket_ptr,
     M, N, K, k_chunk,
