@@ -20,7 +20,7 @@
 # result is deterministic, and no second launch is needed.
 #
 # Row invariance: nothing in a row's arithmetic depends on M or on another row's values. BLOCK_M
-# is fixed by the launcher (not chosen from M), M is not specialized (one binary for all M),
+# is fixed by the launcher (not chosen from M), M is not specialized (one binary per group size),
 # masked rows are zeros, every row tile runs the same code whatever group it is in (the same
 # [BLOCK_N, BLOCK_K] x [BLOCK_K, BLOCK_M] MMA on the same W tile at every K step), each output
 # element is one fixed sequence of MMAs over K and one fixed-order sum over splits, so row i's
@@ -85,6 +85,20 @@ def _finish(acc, rm, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS: tl.con
         tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _finish_group(acc0, acc1, acc2, acc3, rm0, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, BLOCK_M: tl.constexpr,
+                  ROW_TILES: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, STAGE: tl.constexpr):
+    """`_finish` at `STAGE` for each of the group's ROW_TILES row tiles (accumulators acc0.., rows
+    from rm0 on, BLOCK_M per tile)."""
+    _finish(acc0, rm0, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, STAGE)
+    if ROW_TILES > 1:
+        _finish(acc1, rm0 + BLOCK_M, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, STAGE)
+    if ROW_TILES > 2:
+        _finish(acc2, rm0 + 2 * BLOCK_M, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, STAGE)
+    if ROW_TILES > 3:
+        _finish(acc3, rm0 + 3 * BLOCK_M, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, STAGE)
+
+
 @triton.jit(do_not_specialize=["M"])  # one binary per ROW_TILES for every row count (M = 1 would be specialized)
 def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, ticket_ptr,
@@ -131,33 +145,18 @@ def _small_m_linear_kernel(
     if PDL:  # the weights are read: the next kernel may start launching during the epilogue
         gdc_launch_dependents()
     if SPLITS == 1:
-        _finish(acc0, rm0, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, 0)
-        if ROW_TILES > 1:
-            _finish(acc1, rm1, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, 0)
-        if ROW_TILES > 2:
-            _finish(acc2, rm2, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, 0)
-        if ROW_TILES > 3:
-            _finish(acc3, rm3, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, 0)
+        _finish_group(acc0, acc1, acc2, acc3, rm0, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, BLOCK_M, ROW_TILES,
+                      SPLITS, HAS_BIAS, 0)
     else:
         # Partials, then a ticket (an atomic counter per (row group, column tile), zero between
         # calls); the program that draws the last ticket sums every split of its group's tiles.
-        _finish(acc0, rm0, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, 1)
-        if ROW_TILES > 1:
-            _finish(acc1, rm1, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, 1)
-        if ROW_TILES > 2:
-            _finish(acc2, rm2, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, 1)
-        if ROW_TILES > 3:
-            _finish(acc3, rm3, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, 1)
+        _finish_group(acc0, acc1, acc2, acc3, rm0, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, BLOCK_M, ROW_TILES,
+                      SPLITS, HAS_BIAS, 1)
         tl.debug_barrier()  # every thread's partial is written before the release below
         ticket = ticket_ptr + r * tl.num_programs(1) + t
         arrived = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLITS - 1:  # the last split of this group to finish sums them all, in order
             tl.debug_barrier()
-            _finish(acc0, rm0, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, 2)
-            if ROW_TILES > 1:
-                _finish(acc1, rm1, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, 2)
-            if ROW_TILES > 2:
-                _finish(acc2, rm2, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, 2)
-            if ROW_TILES > 3:
-                _finish(acc3, rm3, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, SPLITS, HAS_BIAS, 2)
+            _finish_group(acc0, acc1, acc2, acc3, rm0, rn, b_ptr, out_ptr, part_ptr, s, M, N, s_om, BLOCK_M,
+                          ROW_TILES, SPLITS, HAS_BIAS, 2)
             tl.store(ticket, 0)  # reset for the next call (ordered by the kernel boundary)
