@@ -489,7 +489,7 @@ def run_checks(records: list[dict], checks, exact: bool = False) -> dict:
     if oracle:
         out["oracle_mean_accepted_per_step"] = oracle
     if checks.oracle_min_accepted is not None:
-        out["oracle_min_accepted"] = at_least(oracle, checks.oracle_min_accepted)
+        out["oracle_min_accepted"] = {**at_least(oracle, checks.oracle_min_accepted), "measured": oracle}
     drafted = mean_accepted(("spec", "selector_off"))
     if drafted:
         out["draft_mean_accepted_per_step"] = drafted
@@ -559,8 +559,7 @@ def failed_checks_line(checks: dict) -> str | None:
                          f"differ from the AR arm ({shown})" if value["n_differing"] else
                          "identical_to_ar: a speculative record has no AR record to compare with")
         elif "threshold" in value:
-            measured = value.get("measured") or checks.get(key.replace("_min_accepted", "_mean_accepted_per_step"), {})
-            checked = {a: v for a, v in measured.items() if a not in value.get("not_checked", [])}
+            checked = {a: v for a, v in value["measured"].items() if a not in value["not_checked"]}
             got = ", ".join(f"{a} {v:.2f}" for a, v in checked.items()) if checked else \
                 f"no arm drafts more than {value['threshold']:g} tokens"
             parts.append(f"{key}: mean accepted drafts per step must be >= {value['threshold']:g}; measured {got}")
