@@ -13,7 +13,8 @@ Guarantees of the Triton path (`triton_kernels.py`):
   rounds at the same place here (fp32 products of 16-bit values are exact), so the result
   differs from the reference only through the order of the mean's fp32 sum and the rsqrt's last
   bit: in bf16 / fp16 within one unit in the last place, and bit-identical in nearly every
-  element (a 16-bit rounding hides a last-bit fp32 difference); in fp32 within a few ulps.
+  element (a 16-bit rounding hides a last-bit fp32 difference); in fp32 within a few ulps, with
+  the inverse root as a correctly rounded `1 / sqrt` (not the approximate rsqrt).
 - **Row-local.** Each token's outputs depend on that token's inputs only (one program per
   token), so a row's result does not change with the batch.
 - **CUDA graphs.** No host sync, no device value read on the host; slots are read on the
