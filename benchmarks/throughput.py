@@ -473,7 +473,10 @@ def main(argv: list[str] | None = None) -> dict:
                            f"{spec.dtype}, random weights; random draft {draft_layers} layers)")
         plan = oracle_plan(args, target, draft, hf_model, engine_kw)
     else:
-        target, tok, draft, hf_model = load_real(args.target, args.draft_path, dev, hf_copy, args.dtype)
+        try:
+            target, tok, draft, hf_model = load_real(args.target, args.draft_path, dev, hf_copy, args.dtype)
+        except FileNotFoundError as e:  # a missing asset or checkpoint: one line, nothing written
+            args.parser.exit(2, f"error: {e}\n")
         if max(args.n) >= draft.block_size:
             args.parser.error(f"--n {max(args.n)}: this drafter's block is {draft.block_size} slots, so N must be "
                               f"in 1..{draft.block_size - 1}")

