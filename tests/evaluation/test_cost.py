@@ -254,3 +254,19 @@ def test_end_to_end_prediction_counts_batch_stragglers():
     measured = {res["arms"][a]["N"]: res["arms"][a]["measured_speedup"] for a in res["arms"] if res["arms"][a]["N"]}
     assert best["predicted_end_to_end_speedup"][str(max(measured, key=measured.get))] >= \
         0.9 * max(best["predicted_end_to_end_speedup"].values())
+
+
+def test_step_costs_never_trade_the_overhead_for_a_negative_step_cost():
+    """Generations of nearly equal length (batches that always reach the token cap) let lstsq
+    explain the wall by the overhead alone and give one arm a negative step cost; the fit then
+    folds the overhead into positive step costs. Real numbers from an H200 run's shape: AR and
+    N = 1 generations of 255 steps with a little noise."""
+    rec = lambda arm, steps, wall: {"arm": arm, "steps": steps, "wall_s": wall}
+    gens = {"ar": [[rec("ar", 255, 2.00)], [rec("ar", 254, 2.02)], [rec("ar", 255, 1.99)]],
+            "n1": [[rec("n1", 200, 2.10)], [rec("n1", 201, 2.05)], [rec("n1", 199, 2.12)]]}
+    x = np.array([[1, 255, 0], [1, 254, 0], [1, 255, 0], [1, 0, 200], [1, 0, 201], [1, 0, 199]], float)
+    beta = np.linalg.lstsq(x, np.array([2.00, 2.02, 1.99, 2.10, 2.05, 2.12]), rcond=None)[0]
+    assert beta[0] > 0 and min(beta[1:]) < 0  # the trap this guards against is real for these data
+    step, overhead, info = cost._step_costs(gens)
+    assert overhead == 0.0 and all(c > 0 for c in step.values()) and "refitted without it" in info["note"]
+    assert step["ar"] == pytest.approx(np.mean([2.00 / 255, 2.02 / 254, 1.99 / 255]), rel=0.01)
