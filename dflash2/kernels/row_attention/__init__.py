@@ -25,6 +25,9 @@ __all__ = ["row_attention", "row_attention_reference", "visible_mask", "split_co
 MAX_TILE_ROWS = 64  # query heads per K/V head x queries: decode and verify blocks, not prompts
 _BLOCK_N = 64
 _PROGRAMS = 264  # about two programs per SM on an H200 (132 SMs)
+# The merge's programs: one per (row, K/V head) left 8 programs for the 8B target at batch 1 (12 us
+# a merge on the H200, twice the split stage); blocks of 16 tile rows x 64 head dims give it 32-64.
+_MERGE_R, _MERGE_D = 16, 64
 
 
 def _next_pow2(n: int) -> int:
@@ -52,10 +55,12 @@ def _check_split_keys(split_keys: int, block_n: int) -> None:
 
 
 def _row_attention_triton(query, key, value, positions, window, scale, splits=None, block_n=_BLOCK_N,
-                          num_warps=4, split_keys=None, tile_queries=None):
+                          num_warps=4, split_keys=None, tile_queries=None, merge_block=(_MERGE_R, _MERGE_D)):
     """The Triton path; `splits`, `block_n` and `num_warps` are tiling knobs (the defaults are the
     engine's; `python -m benchmarks.kernels --sweep` times alternatives). `split_keys` fixes the
-    split boundaries instead (`row_attention` states the guarantee); it excludes `splits`."""
+    split boundaries instead (`row_attention` states the guarantee); it excludes `splits`.
+    `merge_block` = (tile rows, head dims) per merge program, each capped at the tile and the head
+    dimension: it spreads the merge over programs and never changes a bit of the result."""
     b, nh, q, hd = query.shape
     nkv, kv = key.shape[1], key.shape[2]
     if nh % nkv:
@@ -98,8 +103,12 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), pos.stride(0) if pos.shape[0] > 1 else 0, pos.stride(1),
         BLOCK_N=block_n, WINDOW=int(window or 0), IEEE=query.dtype == torch.float32, num_warps=num_warps, **common)
-    _tk._row_attn_merge_kernel[(b * nkv,)](acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2),
-                                           FIXED_SPLITS=split_keys is not None, num_warps=4, **common)
+    merge_r, merge_d = min(merge_block[0], m), min(merge_block[1], hd)
+    if merge_r <= 0 or merge_d <= 0 or merge_r & (merge_r - 1) or merge_d & (merge_d - 1):
+        raise ValueError(f"merge_block={merge_block}: both must be positive powers of two")
+    _tk._row_attn_merge_kernel[(b * nkv, m // merge_r, hd // merge_d)](
+        acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2),
+        FIXED_SPLITS=split_keys is not None, MERGE_R=merge_r, MERGE_D=merge_d, num_warps=4, **common)
     return out
 
 

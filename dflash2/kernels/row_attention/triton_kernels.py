@@ -6,8 +6,11 @@
 # BLOCK_N blocks with an online softmax (running max m, sum l, fp32 accumulator); key j is
 # visible to tile row r iff j <= pos[b, i] (and j > pos[b, i] - WINDOW with a window), and
 # blocks past the largest position of the row are skipped. The split's (m, l, acc) go to a
-# workspace. Stage 2, one program per (b, h): merge the splits' partials
-# (acc = sum_s e^(m_s - m) acc_s, l likewise) and write out[b, i, h * G + g, :] = acc / l.
+# workspace. Stage 2, one program per (b, h, block of MERGE_R tile rows, block of MERGE_D head
+# dims): merge the splits' partials (acc = sum_s e^(m_s - m) acc_s, l likewise) and write
+# out[b, i, h * G + g, :] = acc / l. Each output element runs the same ops in the same order
+# whatever MERGE_R and MERGE_D are (the max over splits is exact; l and acc add split by split),
+# so the blocks only spread the merge over more programs: its bits do not depend on them.
 #
 # Fixed splits (FIXED_SPLITS; the host gives every split the same slot count from slot 0): the
 # merge adds the splits one by one in split order (a loop, no tree reduction), and a split in
@@ -81,20 +84,20 @@ def _row_attn_merge_kernel(
     acc_ptr, m_ptr, l_ptr, out_ptr,
     s_ob, s_oi, s_oh,
     NKV: tl.constexpr, G: tl.constexpr, Q: tl.constexpr, HD: tl.constexpr, M: tl.constexpr,
-    SPLITS: tl.constexpr, FIXED_SPLITS: tl.constexpr,
+    SPLITS: tl.constexpr, FIXED_SPLITS: tl.constexpr, MERGE_R: tl.constexpr, MERGE_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // NKV
     h = pid % NKV
-    r = tl.arange(0, M)
-    d = tl.arange(0, HD)
-    m_all = tl.full([M], float("-inf"), dtype=tl.float32)
+    r = tl.program_id(1) * MERGE_R + tl.arange(0, MERGE_R)
+    d = tl.program_id(2) * MERGE_D + tl.arange(0, MERGE_D)
+    m_all = tl.full([MERGE_R], float("-inf"), dtype=tl.float32)
     for s in range(SPLITS):
         m_all = tl.maximum(m_all, tl.load(m_ptr + (pid * SPLITS + s) * M + r))
     alive = m_all > float("-inf")
     ref = tl.where(alive, m_all, 0.0)
-    l_all = tl.zeros([M], dtype=tl.float32)
-    acc = tl.zeros([M, HD], dtype=tl.float32)
+    l_all = tl.zeros([MERGE_R], dtype=tl.float32)
+    acc = tl.zeros([MERGE_R, MERGE_D], dtype=tl.float32)
     for s in range(SPLITS):
         base = (pid * SPLITS + s) * M
         m_s = tl.load(m_ptr + base + r)
