@@ -147,8 +147,8 @@ def verify_case(batch: int, sampled: bool, block: int | None = None, num_warps: 
 def attention_case(batch: int, queries: int, context: int = 512, tiling: dict | None = None):
     """One target layer's attention: Qwen3-8B heads (32 query / 8 K/V, hd 128), `queries` per row
     (1 = AR decode, 16 = a verify block), a static cache of `context` + one block of slots.
-    `tiling`: keyword knobs of the Triton path (`splits`, `block_n`, `num_warps`, `merge_block`;
-    sweeps only)."""
+    `tiling`: keyword knobs of the Triton path (`splits`, `block_n`, `num_warps`, `merge_block`,
+    `merge_unroll`; sweeps only)."""
     dev, heads, kv_heads, hd = "cuda", 32, 8, 128
     slots = context + Q
     nbytes = 2 * batch * kv_heads * (context + queries) * hd * 2  # K and V read once
@@ -333,9 +333,11 @@ def _sweeps(batches: list[int], bw: float, kernels: set[str] = set(SWEPT)) -> st
                     timed("row_attention", batch, f"q{queries} block_n {block_n} warps {warps} splits "
                           f"{splits or 'auto'}", tri, nbytes, max(20, len(tri)))
                 for merge in ((64, 128), (16, 64), (16, 32), (8, 64)):  # (64, 128): one merge program per (row, head)
-                    tri, _, nbytes, _ = attention_case(batch, queries, tiling={"merge_block": merge})
-                    timed("row_attention", batch, f"q{queries} merge block {merge[0]} rows x {merge[1]} dims", tri,
-                          nbytes, max(20, len(tri)))
+                    for unroll in (False, True):
+                        tiling = {"merge_block": merge, "merge_unroll": unroll}
+                        tri, _, nbytes, _ = attention_case(batch, queries, tiling=tiling)
+                        timed("row_attention", batch, f"q{queries} merge block {merge[0]} rows x {merge[1]} dims"
+                              f"{', unrolled' if unroll else ''}", tri, nbytes, max(20, len(tri)))
         if "dynamic_conv" in kernels:
             for tiling in ((16, 64, 4), (16, 64, 2), (8, 128, 4), (4, 256, 4), (2, 512, 4), (16, 256, 8)):
                 tri, _, nbytes, _ = conv_case(batch, tiling)

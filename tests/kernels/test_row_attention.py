@@ -73,14 +73,17 @@ def test_triton_tiling_knobs_keep_the_result(block_n, num_warps, splits, triton_
 
 @pytest.mark.parametrize("split_keys", [None, 32], ids=["default_splits", "split_keys"])
 def test_merge_blocks_change_no_bit(split_keys, triton_device):
-    """The merge spread over blocks of tile rows and head dims (the default, and smaller ones) gives
-    the bits of one merge program per (row, K/V head), (M, hd): every element runs the same ops in
-    the same order. A merge block that is no power of two is refused."""
+    """The merge spread over blocks of tile rows and head dims (the default, and smaller ones), with
+    its split loop unrolled or not, gives the bits of one merge program per (row, K/V head), (M, hd):
+    every element runs the same ops in the same order. A merge block that is no power of two is
+    refused."""
     q, k, v, pos = _case(2, 8, 2, 5, 32, 90, 77, triton_device)  # tile 4 heads x 5 queries: 32 rows
     kw = dict(splits=None if split_keys else 3, split_keys=split_keys, block_n=16)
     whole = _row_attention_triton(q, k, v, pos, None, None, merge_block=(32, 32), **kw)
     for block in [(16, 64), (16, 16), (8, 32), (1, 8)]:
         assert torch.equal(_row_attention_triton(q, k, v, pos, None, None, merge_block=block, **kw), whole), block
+    for unroll in (False, True):
+        assert torch.equal(_row_attention_triton(q, k, v, pos, None, None, merge_unroll=unroll, **kw), whole), unroll
     assert torch.allclose(whole, row_attention_reference(q, k, v, pos, None), atol=2e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="powers of two"):
         _row_attention_triton(q, k, v, pos, None, None, merge_block=(12, 32), **kw)

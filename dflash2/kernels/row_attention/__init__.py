@@ -55,12 +55,14 @@ def _check_split_keys(split_keys: int, block_n: int) -> None:
 
 
 def _row_attention_triton(query, key, value, positions, window, scale, splits=None, block_n=_BLOCK_N,
-                          num_warps=4, split_keys=None, tile_queries=None, merge_block=(_MERGE_R, _MERGE_D)):
+                          num_warps=4, split_keys=None, tile_queries=None, merge_block=(_MERGE_R, _MERGE_D),
+                          merge_unroll=False):
     """The Triton path; `splits`, `block_n` and `num_warps` are tiling knobs (the defaults are the
     engine's; `python -m benchmarks.kernels --sweep` times alternatives). `split_keys` fixes the
     split boundaries instead (`row_attention` states the guarantee); it excludes `splits`.
     `merge_block` = (tile rows, head dims) per merge program, each capped at the tile and the head
-    dimension: it spreads the merge over programs and never changes a bit of the result."""
+    dimension: it spreads the merge over programs and never changes a bit of the result; nor does
+    `merge_unroll` (the merge's split loop unrolled at compile time, so its loads can run ahead)."""
     b, nh, q, hd = query.shape
     nkv, kv = key.shape[1], key.shape[2]
     if nh % nkv:
@@ -108,7 +110,8 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
         raise ValueError(f"merge_block={merge_block}: both must be positive powers of two")
     _tk._row_attn_merge_kernel[(b * nkv, m // merge_r, hd // merge_d)](
         acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2),
-        FIXED_SPLITS=split_keys is not None, MERGE_R=merge_r, MERGE_D=merge_d, num_warps=4, **common)
+        FIXED_SPLITS=split_keys is not None, MERGE_R=merge_r, MERGE_D=merge_d, UNROLL=bool(merge_unroll),
+        num_warps=4, **common)
     return out
 
 

@@ -80,11 +80,30 @@ def _row_attn_split_kernel(
 
 
 @triton.jit
+def _merge_one_split(acc_ptr, m_ptr, l_ptr, base, r, d, ref, l_all, acc,
+                     HD: tl.constexpr, FIXED_SPLITS: tl.constexpr):
+    """Split `base`'s partials added to the running (l_all, acc) of tile rows `r`, head dims `d`."""
+    m_s = tl.load(m_ptr + base + r)
+    live = m_s > float("-inf")
+    w = tl.where(live, tl.exp(m_s - ref), 0.0)
+    l_s = tl.load(l_ptr + base + r)
+    acc_s = tl.load(acc_ptr + (base + r)[:, None] * HD + d[None, :])
+    if FIXED_SPLITS:
+        l_all = tl.where(live, l_all + w * l_s, l_all)
+        acc = tl.where(live[:, None], acc + w[:, None] * acc_s, acc)
+    else:
+        l_all += w * l_s
+        acc += w[:, None] * acc_s
+    return l_all, acc
+
+
+@triton.jit
 def _row_attn_merge_kernel(
     acc_ptr, m_ptr, l_ptr, out_ptr,
     s_ob, s_oi, s_oh,
     NKV: tl.constexpr, G: tl.constexpr, Q: tl.constexpr, HD: tl.constexpr, M: tl.constexpr,
     SPLITS: tl.constexpr, FIXED_SPLITS: tl.constexpr, MERGE_R: tl.constexpr, MERGE_D: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // NKV
@@ -98,18 +117,16 @@ def _row_attn_merge_kernel(
     ref = tl.where(alive, m_all, 0.0)
     l_all = tl.zeros([MERGE_R], dtype=tl.float32)
     acc = tl.zeros([MERGE_R, MERGE_D], dtype=tl.float32)
-    for s in range(SPLITS):
-        base = (pid * SPLITS + s) * M
-        m_s = tl.load(m_ptr + base + r)
-        live = m_s > float("-inf")
-        w = tl.where(live, tl.exp(m_s - ref), 0.0)
-        if FIXED_SPLITS:
-            l_all = tl.where(live, l_all + w * tl.load(l_ptr + base + r), l_all)
-            acc = tl.where(live[:, None], acc + w[:, None] * tl.load(acc_ptr + (base + r)[:, None] * HD + d[None, :]),
-                           acc)
-        else:
-            l_all += w * tl.load(l_ptr + base + r)
-            acc += w[:, None] * tl.load(acc_ptr + (base + r)[:, None] * HD + d[None, :])
+    # Either way the splits add one by one in split order; UNROLL (a compile-time loop) only lets
+    # the compiler issue the splits' loads ahead of the adds.
+    if UNROLL:
+        for s in tl.static_range(SPLITS):
+            l_all, acc = _merge_one_split(acc_ptr, m_ptr, l_ptr, (pid * SPLITS + s) * M, r, d, ref, l_all, acc,
+                                          HD, FIXED_SPLITS)
+    else:
+        for s in range(SPLITS):
+            l_all, acc = _merge_one_split(acc_ptr, m_ptr, l_ptr, (pid * SPLITS + s) * M, r, d, ref, l_all, acc,
+                                          HD, FIXED_SPLITS)
     out = acc / tl.where(l_all > 0, l_all, 1.0)[:, None]  # a row with no visible key gives 0
     g = r // Q
     i = r % Q
