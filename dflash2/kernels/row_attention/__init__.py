@@ -26,8 +26,9 @@ MAX_TILE_ROWS = 64  # query heads per K/V head x queries: decode and verify bloc
 _BLOCK_N = 64
 _PROGRAMS = 264  # about two programs per SM on an H200 (132 SMs)
 # The merge's programs: one per (row, K/V head) left 8 programs for the 8B target at batch 1 (12 us
-# a merge on the H200, twice the split stage); blocks of 16 tile rows x 64 head dims give it 32-64.
-_MERGE_R, _MERGE_D = 16, 64
+# a merge on the H200, twice the split stage) and 3 for SmolLM2; blocks of 16 tile rows x 32 head
+# dims give the 8B target 32 (decode) to 128 (16-token verify) and SmolLM2 6.
+_MERGE_R, _MERGE_D = 16, 32
 
 
 def _next_pow2(n: int) -> int:
