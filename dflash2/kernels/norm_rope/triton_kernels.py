@@ -55,7 +55,8 @@ def _norm_rope_kernel(
     if KIND == 0:
         # fp32 output shows r's error directly: a correctly rounded root and quotient, not the
         # approximate rsqrt (whose 2-ulp error made the kernel's error 2.3x torch's on the H200).
-        r = tl.div_rn(1.0, tl.sqrt_rn(mean + eps))[:, None]
+        # (the 1 as a block of the root's shape: div_rn's operands are documented as blocks)
+        r = tl.div_rn(tl.full([BLOCK_H], 1.0, tl.float32), tl.sqrt_rn(mean + eps))[:, None]
     else:
         # A 16-bit output rounds r's last fp32 bits away; the rsqrt torch's op uses keeps the bits.
         r = tl.math.rsqrt(mean + eps)[:, None]
