@@ -315,16 +315,17 @@ def _step_costs(gens: dict[str, list[list[dict]]]) -> tuple[dict[str, float], fl
     if np.linalg.matrix_rank(x / np.maximum(np.abs(x).max(0), 1e-300), tol=1e-9) < x.shape[1]:
         cols, note = cols[1:], "overhead not identifiable (too few generations): folded into the step costs"
     beta, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+    refit = None  # why the overhead is folded into the step costs, if it is
     if cols[0] == 0 and beta[0] < 0:
-        cols, note = cols[1:], f"fitted overhead {beta[0]:.3g} s < 0: refitted without it (folded into step costs)"
-        beta, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+        refit = f"fitted overhead {beta[0]:.3g} s < 0"
     elif cols[0] == 0 and np.any(beta[1:] <= 0):
         # Generations of (nearly) equal length, as in batches whose slowest row always reaches the
         # token cap, leave the overhead and the step costs unseparated: lstsq can trade a large
         # overhead for a negative step cost. A step costs time, so fold the overhead back in.
         neg = [arms[j] for j in range(len(arms)) if beta[1 + j] <= 0]
-        cols, note = cols[1:], (f"step cost of {neg} <= 0 with a fitted overhead (the generations' lengths do not "
-                                "separate the two): refitted without it (folded into step costs)")
+        refit = f"step cost of {neg} <= 0 with a fitted overhead (the generations' lengths do not separate the two)"
+    if refit:
+        cols, note = cols[1:], f"{refit}: refitted without it (folded into step costs)"
         beta, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
     coef = dict(zip(cols, beta))
     rel = (x[:, cols] @ beta - y) / y
