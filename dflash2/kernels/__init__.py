@@ -11,8 +11,8 @@ its launcher and the dispatch on an already-resolved ``impl``):
 - ``row_attention.row_attention``: the engine's per-row masked GQA attention over its static
   cache, split over the keys (the engine's default on CUDA; the reference is SDPA with a mask);
 - ``linear.small_m_linear``: a weight-streaming linear for M <= 32 rows (row-invariant, fixed-order
-  split-K, up to 4 row tiles of 32 per weight read past that; reference ``F.linear``), and ``linear.SmallMLinearMode``, which routes stock
-  ``nn.Linear`` calls through it;
+  split-K, up to 4 row tiles of 32 per weight read past that; reference ``F.linear``), and
+  ``linear.SmallMLinearMode``, which routes stock ``nn.Linear`` calls through it;
 - ``row_mean.row_mean``: the mean over the last dim in one fixed order per row (row-invariant;
   reference ``torch.mean``), and ``row_mean.RowMeanMode``, which routes the stock RMSNorms'
   ``mean(-1)`` calls through it;

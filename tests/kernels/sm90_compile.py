@@ -179,8 +179,9 @@ def cases():
             e(151936, 256, dtype=bf16), e(151936, 256, dtype=bf16), torch.zeros(b, dtype=i64), torch.zeros(b),
             torch.zeros(b, dtype=i64), torch.zeros(b, dtype=i64))))
     for hidden, dt in ((4096, bf16), (576, f32)):
-        out.append((f"grouped_dynamic_conv H={hidden} {str(dt)[6:]}", lambda h=hidden, dt=dt: _grouped_dynamic_conv_triton(
-            e(8, 16, h, dtype=dt), e(2, 2, h, dtype=dt), e(8, 16, 2 * 2 * (h // 16), dtype=dt), 0, 16, 16)))
+        out.append((f"grouped_dynamic_conv H={hidden} {str(dt)[6:]}",
+                    lambda h=hidden, dt=dt: _grouped_dynamic_conv_triton(
+                        e(8, 16, h, dtype=dt), e(2, 2, h, dtype=dt), e(8, 16, 2 * 2 * (h // 16), dtype=dt), 0, 16, 16)))
     out.append(("keyed_uniform", lambda: keyed_uniform_triton(torch.zeros(8, dtype=i64), 1, torch.zeros(8, dtype=i64),
                                                              torch.arange(8))))
     return out

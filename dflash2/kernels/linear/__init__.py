@@ -12,8 +12,9 @@ Guarantees of the Triton path:
 - **Row invariance.** The tiling (`LinearConfig`) is chosen from `(N, K, dtype, SM count)`,
   never from the number of rows; rows do not interact, and every tile of `MAX_ROWS` rows runs the
   same arithmetic (how many row tiles share a program follows the row count, but no row's
-  MMAs or sums change with it), so row i of the output is bit-identical whether `x` holds that row alone or with any
-  number of others (a batch-invariant linear, as exact mode needs). Past `MAX_ROWS` rows a
+  MMAs or sums change with it), so row i of the output is bit-identical whether `x` holds that
+  row alone or with any number of others (a batch-invariant linear, as exact mode needs). Past
+  `MAX_ROWS` rows a
   program serves up to `LinearConfig.row_tiles` row tiles (4) from each weight tile it reads,
   each with the same MMA on the same weight tile, and every further group of row tiles reads
   the weights again (through L2 when its neighbours read the same tile), so the kernel is for
