@@ -11,8 +11,9 @@
 # (products of two 16-bit floats are exact in fp32, so "rounded" is PyTorch's 16-bit op; `_round`
 # rounds on the bits, to nearest even, and the value stays in fp32, so the final cast is exact). The
 # result goes to out[b, h, slot, :], where slot = slots[b, s] (HAS_SLOTS: a cache) or s (a fresh
-# [B, H, S, hd] tensor). With HAS_V the program also copies the token's value heads
-# v[b, s, :, :] to v_out[b, :, slot, :] (a cache's values), so a layer's context or block keys and
+# [B, H, S, hd] tensor). The wrapper launches it with `enable_fp_fusion=False`, so no multiply
+# and add contract into one FMA (which rounds once where the reference rounds twice). With HAS_V
+# the program also copies the token's value heads v[b, s, :, :] to v_out[b, :, slot, :] (a cache's values), so a layer's context or block keys and
 # values reach the cache in one launch.
 import triton
 import triton.language as tl
@@ -54,8 +55,7 @@ def _norm_rope_kernel(
     mean = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF)
     if KIND == 0:
         # fp32 output shows r's error directly: a correctly rounded root and quotient, not the
-        # approximate rsqrt (whose 2-ulp error made the kernel's error 2.3x torch's on the H200).
-        # (the 1 as a block of the root's shape: div_rn's operands are documented as blocks)
+        # approximate rsqrt (the 1 as a block of the root's shape: div_rn's operands are blocks).
         r = tl.div_rn(tl.full([BLOCK_H], 1.0, tl.float32), tl.sqrt_rn(mean + eps))[:, None]
     else:
         # A 16-bit output rounds r's last fp32 bits away; the rsqrt torch's op uses keeps the bits.
