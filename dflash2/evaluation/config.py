@@ -110,10 +110,11 @@ class EvalConfig:
         batch_size: prompts decoded together per arm. Each row gets its sample's own seed (the
             engine takes one seed per row), so batching never changes a sample's draws.
         exact: run the engine's exact mode (greedy speculative output equal to AR bit for bit,
-            also in bf16); every departure from AR then fails the run. false (default) = off;
-            true = on (the invariant kernels on CUDA, rows elsewhere: `exact_impl`); null = auto:
+            also in bf16); every departure from AR then fails the run. null (default) = auto:
             on for a greedy run on CUDA whose exact mode runs the batch-invariant kernels
-            (`exact_impl` resolves to invariant, `compile_level` null), off otherwise. Resolved
+            (`exact_impl` resolves to invariant, `compile_level` null), off otherwise (sampled
+            runs, CPU, a compile level); true = on (the invariant kernels on CUDA, rows
+            elsewhere: `exact_impl`); false = off. Resolved
             once by the runner (`runner.resolve_exact`) and recorded in each record and the summary.
         exact_impl: auto | rows | invariant: how exact mode keeps a row independent of its
             batch (`speculative_generate`'s `exact_impl`; auto = invariant on CUDA where its
@@ -150,7 +151,7 @@ class EvalConfig:
     top_k: int = 0
     seed: int = 0
     batch_size: int = 1
-    exact: bool | None = False
+    exact: bool | None = None
     exact_impl: str = "auto"
     compile_level: str | None = None
     attention_impl: str = "auto"

@@ -431,3 +431,22 @@ def test_exact_auto_is_on_for_greedy_runs_on_cuda():
     assert resolve_exact(cfg(), cuda, 4096) == (False, None)  # a width the row-attention kernel does not take
     assert resolve_exact(cfg(), cpu, 8) == (False, None)
     assert resolve_exact(cfg(exact=True), cpu, 8) == (True, "rows")
+
+
+def test_greedy_evaluations_default_to_exact_mode_on_cuda():
+    """eval/run.py's default is `exact: null`: a greedy run of any preset that sets no compile
+    level resolves to exact mode on CUDA and to the normal mode on a CPU; `exact=false` opts out."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("triton")
+    from dflash2.evaluation.runner import resolve_exact
+    from tests.evaluation.test_eval_configs import _compose
+
+    config = tiny_qwen3(vocab=300, hidden=64, layers=2, seed=0).config
+    cuda = SimpleNamespace(device=torch.device("cuda"), config=config)
+    for preset in ("tiny_cpu", "smollm2_gpu", "quickstart_gpu"):
+        cfg = _compose([f"experiment={preset}"])
+        assert cfg.exact is None and float(cfg.temperature) == 0.0
+        assert resolve_exact(cfg, cuda, 8) == ((True, "invariant") if cfg.compile_level is None else (False, None))
+        assert resolve_exact(cfg, SimpleNamespace(device=torch.device("cpu"), config=config), 8) == (False, None)
+    assert resolve_exact(_compose(["experiment=tiny_cpu", "exact=false"]), cuda, 8) == (False, None)

@@ -13,9 +13,9 @@ its ``num_warps`` / ``num_stages``. The wrappers' CPU-only choices are set back 
 
 What this shows: the kernels compile for Hopper at those settings, and each one's static shared
 memory fits the H200's 227 KiB per block; each row also counts the fp32 fused multiply-adds in
-the PTX (`fp32_fma`), so a kernel that must round every product can be checked for contraction. What it does not: numerics (the interpreter tests and
-the GPU tests), and the integer-divisibility specializations the runtime adds (they change
-vectorization, not validity).
+the PTX (`fp32_fma`), so a kernel that must round every product can be checked for contraction.
+What it does not: numerics (the interpreter tests and the GPU tests), and the
+integer-divisibility specializations the runtime adds (they change vectorization, not validity).
 """
 
 from __future__ import annotations
