@@ -12,10 +12,9 @@ its ``num_warps`` / ``num_stages``. The wrappers' CPU-only choices are set back 
 ``FAST_LOG`` on), and a case can ask for more (``PDL``, as `SmallMLinearMode(pdl=True)` runs).
 
 What this shows: the kernels compile for Hopper at those settings, and each one's static shared
-memory fits the H200's 227 KiB per block; each row also counts the fp32 fused multiply-adds in
-the PTX (`fp32_fma`), so a kernel that must round every product can be checked for contraction.
-What it does not: numerics (the interpreter tests and the GPU tests), and the
-integer-divisibility specializations the runtime adds (they change vectorization, not validity).
+memory fits the H200's 227 KiB per block. What it does not: numerics (the interpreter tests and
+the GPU tests), and the integer-divisibility specializations the runtime adds (they change
+vectorization, not validity).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ H200_SHARED_BYTES = 232448  # 227 KiB: the opt-in maximum of shared memory per b
 
 _TYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.int64": "i64",
           "torch.int32": "i32", "torch.int8": "i8", "torch.uint8": "u8", "torch.bool": "i1"}
-_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion")
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
 def _arg_type(value) -> str | None:
@@ -75,7 +74,7 @@ def capture(call) -> list[tuple]:
 
 def compile_launch(fn, args: tuple, kwargs: dict, overrides: dict | None = None):
     """The launch compiled for sm_90, with `GPU_CONSTEXPRS` and the case's `overrides` (constexprs
-    the wrapper sets from the device it sees): `(name, constexprs shown, metadata, PTX text)`."""
+    the wrapper sets from the device it sees): `(name, constexprs shown, metadata)`."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -104,7 +103,7 @@ def compile_launch(fn, args: tuple, kwargs: dict, overrides: dict | None = None)
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     shown = {k: v for k, v in constexprs.items() if isinstance(v, (int, float, bool)) and not isinstance(v, type)}
-    return name, {**shown, **options, "pdl": pdl}, kernel.metadata, kernel.asm["ptx"]
+    return name, {**shown, **options, "pdl": pdl}, kernel.metadata
 
 
 def cases():
@@ -233,10 +232,9 @@ def main(argv: list[str]) -> int:
                 t0 = time.perf_counter()
                 row = {"case": label, "kernel": fn.fn.__name__}
                 try:
-                    name, shown, meta, ptx = compile_launch(fn, args, dict(kwargs), *overrides)
+                    name, shown, meta = compile_launch(fn, args, dict(kwargs), *overrides)
                     row.update(ok=meta.shared <= H200_SHARED_BYTES, shared_bytes=meta.shared,
-                               num_warps=meta.num_warps, num_stages=meta.num_stages, constexprs=shown,
-                               fp32_fma=ptx.count("fma.rn.f32"))
+                               num_warps=meta.num_warps, num_stages=meta.num_stages, constexprs=shown)
                     if not row["ok"]:
                         row["error"] = f"static shared memory {meta.shared} B > the H200's {H200_SHARED_BYTES} B"
                 except Exception as exc:  # noqa: BLE001  (each launch reports its own failure)

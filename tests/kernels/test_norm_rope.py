@@ -41,6 +41,16 @@ def test_reference_is_the_draft_attentions_own_ops(dtype):
     assert torch.equal(norm_rope_reference(x, w, EPS, cos, sin), module)
 
 
+def test_reference_on_fp64_operands_computes_in_fp64():
+    """The ground truth of the error checks below: no step of it rounds to fp32 (a mean and root
+    rounded to fp32 there would put torch's own root into the truth and count only the kernel's)."""
+    from dflash2.kernels.norm_rope.reference import rotate_half
+
+    x, w, cos, sin = _operands(2, 5, 4, 32, torch.float64, "cpu")
+    y = (w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS))).transpose(1, 2)
+    assert torch.equal(norm_rope_reference(x, w, EPS, cos, sin), y * cos[:, None] + rotate_half(y) * sin[:, None])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("B, S, H, hd", [(1, 16, 4, 32), (3, 5, 3, 16), (2, 1, 8, 64)])
 def test_kernel_matches_the_reference(B, S, H, hd, dtype, triton_device, error_within):

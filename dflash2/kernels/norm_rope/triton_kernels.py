@@ -11,10 +11,9 @@
 # (products of two 16-bit floats are exact in fp32, so "rounded" is PyTorch's 16-bit op; `_round`
 # rounds on the bits, to nearest even, and the value stays in fp32, so the final cast is exact). The
 # result goes to out[b, h, slot, :], where slot = slots[b, s] (HAS_SLOTS: a cache) or s (a fresh
-# [B, H, S, hd] tensor). The wrapper launches it with `enable_fp_fusion=False`, so no multiply
-# and add contract into one FMA (which rounds once where the reference rounds twice). With HAS_V
-# the program also copies the token's value heads v[b, s, :, :] to v_out[b, :, slot, :] (a
-# cache's values), so a layer's context or block keys and values reach the cache in one launch.
+# [B, H, S, hd] tensor). With HAS_V the program also copies the token's value heads
+# v[b, s, :, :] to v_out[b, :, slot, :] (a cache's values), so a layer's context or block keys and
+# values reach the cache in one launch.
 import triton
 import triton.language as tl
 
