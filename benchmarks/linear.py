@@ -9,7 +9,9 @@ over rotating weight copies (> L2 in total, so no call reads a cached weight), t
 must move, GB/s, % of the copy bandwidth measured in the same run (a large device-to-device copy,
 bytes read + written over its time), and the speedup over cuBLAS. Then the whole linear stack of
 the 8B target (36 layers x q, k, v, o, gate, up, down, plus the lm_head; 15.1 GB of distinct
-weights) captured as one graph per M, the figure issue 21 item 3 asks for; and the same stack
+weights) captured as one graph per M, the figure issue 21 item 3 asks for, each linear alone,
+with q/k/v as one launch, and with q/k/v and gate/up as one launch each (the engine's layout,
+every launch reading the members' weights in place); and the same stack
 at `--wide-rows` rows (past one row tile: verify blocks at batch 8, exact mode), with the row
 groups against a weight read per 32 rows and cuBLAS. Each kernel result is
 checked against `F.linear` (max |difference| / max |reference| in the JSON).
@@ -30,12 +32,13 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
-from dflash2.kernels.linear import (MAX_ROWS, LinearConfig, SmallMLinearMode, default_config, small_m_linear,
-                                    ticket_buffer)
+from dflash2.kernels.linear import (MAX_ROWS, FusedLinears, LinearConfig, SmallMLinearMode, default_config,
+                                    small_m_linear, ticket_buffer)
 
 HIDDEN, HEAD_DIM, HEADS, KV_HEADS, INTER, VOCAB, LAYERS = 4096, 128, 32, 8, 12288, 151936, 36
 # (name, N, K, calls per layer); the lm_head runs once per step, i.e. 1 / LAYERS per layer.
@@ -192,6 +195,7 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
     flipped = SmallMLinearMode("triton", "cuda", configs={  # the default tilings, PDL the other way
         s: dataclasses.replace(c, pdl=not c.pdl) for s in shapes for c in [mode.config_for(*s, torch.bfloat16)]})
     pdl_default = mode.config_for(HIDDEN, HIDDEN, torch.bfloat16).pdl
+    qkv_mode, all_mode = _fused_mode(layers, mlp=False), _fused_mode(layers, mlp=True)
     results = []
     for m in rows:
         xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (HIDDEN, INTER)}
@@ -207,16 +211,15 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
         t_flipped = time_graph_us(lambda i: routed_step(i, flipped), 1, replays)
         t_pdl, t_no_pdl = (t_kernel, t_flipped) if pdl_default else (t_flipped, t_kernel)
         t_cublas = time_graph_us(lambda i: step(F.linear), 1, replays)
-        # The same stack with each layer's q, k and v as one launch over their concatenated weights
-        # (`SmallMLinearMode(fused=...)`, the engine's normal-mode layout): same bytes, 2 launches fewer.
-        fused_layers = [[torch.cat(layer[:3])] + layer[3:] for layer in layers]
+        # The same stack with each layer's q, k and v as one launch, then also its gate and up (the
+        # engine's layout, `SmallMLinearMode(fused=fusable_groups(...))`: each launch reads the
+        # members' weights where they lie): same bytes, 2 and 3 launches fewer per layer.
+        def fused_step(i, fused_mode):
+            with fused_mode:
+                step(F.linear)
 
-        def fused_step(i):
-            with mode:
-                step(F.linear, stack=fused_layers)
-
-        t_fused = time_graph_us(fused_step, 1, replays)
-        del fused_layers
+        t_fused_qkv = time_graph_us(lambda i: fused_step(i, qkv_mode), 1, replays)
+        t_fused = time_graph_us(lambda i: fused_step(i, all_mode), 1, replays)
         t_kernel_between = time_graph_us(lambda i: routed_step(i, between=True), 1, replays)
         t_cublas_between = time_graph_us(lambda i: step(F.linear, between=True), 1, replays)
         nbytes = stack_bytes(m)
@@ -225,12 +228,26 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
                             bytes=nbytes,
                             floor_ms=nbytes / copy_gbs / 1e6, kernel_pct_copy=100 * nbytes / t_kernel / 1e3 / copy_gbs,
                             cublas_pct_copy=100 * nbytes / t_cublas / 1e3 / copy_gbs, speedup=t_cublas / t_kernel,
-                            kernel_fused_qkv_ms=t_fused / 1e3,
-                            kernel_fused_qkv_pct_copy=100 * nbytes / t_fused / 1e3 / copy_gbs,
+                            kernel_fused_qkv_ms=t_fused_qkv / 1e3,
+                            kernel_fused_qkv_pct_copy=100 * nbytes / t_fused_qkv / 1e3 / copy_gbs,
+                            kernel_fused_ms=t_fused / 1e3,
+                            kernel_fused_pct_copy=100 * nbytes / t_fused / 1e3 / copy_gbs,
                             kernel_between_ms=t_kernel_between / 1e3, cublas_between_ms=t_cublas_between / 1e3))
     del layers, head
     torch.cuda.empty_cache()
     return results
+
+
+def _fused_mode(layers, mlp: bool, **mode_kw) -> SmallMLinearMode:
+    """The kernel's mode with each layer's q/k/v (and, with `mlp`, gate/up) as one fused group over
+    the layer's own weight tensors, as `fusable_groups` builds them for a model."""
+    groups = []
+    for layer in layers:
+        members = [SimpleNamespace(weight=w, bias=None) for w in layer]
+        groups.append(FusedLinears(members[:3]))
+        if mlp:
+            groups.append(FusedLinears(members[4:6]))
+    return SmallMLinearMode("triton", "cuda", fused=groups, **mode_kw)
 
 
 def _stack_step(xs: dict[int, torch.Tensor], layers, head: torch.Tensor, linear, between: bool = False) -> None:
@@ -247,14 +264,15 @@ def bench_wide_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> li
     """The 8B linear stack past one row tile (verify blocks of batch 8 x 8 or 16 rows, exact mode's
     any-row routing: `SmallMLinearMode(max_rows=None)`), the kernel with its default row groups
     (one weight read per `row_tiles` row tiles) against one row tile per program (a weight read
-    per 32 rows) and cuBLAS, with q/k/v as one launch as in the engine."""
+    per 32 rows) and cuBLAS, with q/k/v and gate/up as one launch each, as in the engine."""
     layers = [[(torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * k ** -0.5) for _, n, k in LAYER_LINEARS]
               for _ in range(LAYERS)]
-    layers = [[torch.cat(layer[:3])] + layer[3:] for layer in layers]
     head = torch.randn(VOCAB, HIDDEN, dtype=torch.bfloat16, device="cuda") * HIDDEN ** -0.5
-    grouped = SmallMLinearMode("triton", "cuda", max_rows=None)
-    shapes = {tuple(w.shape) for w in layers[0]} | {(VOCAB, HIDDEN)}
-    per_tile = SmallMLinearMode("triton", "cuda", max_rows=None, configs={
+    grouped = _fused_mode(layers, mlp=True, max_rows=None)
+    l0 = layers[0]  # the shapes launched: fused q/k/v, o, fused gate/up, down, the head
+    shapes = {(sum(w.shape[0] for w in l0[:3]), HIDDEN), tuple(l0[3].shape), (2 * INTER, HIDDEN), tuple(l0[6].shape),
+              (VOCAB, HIDDEN)}
+    per_tile = _fused_mode(layers, mlp=True, max_rows=None, configs={
         sh: dataclasses.replace(grouped.config_for(*sh, torch.bfloat16), row_tiles=1) for sh in shapes})
     results = []
     for m in rows:
@@ -312,13 +330,14 @@ def _print_tables(report: dict) -> None:
     print("\n8B linear stack per step (36 layers x q, k, v, o, gate, up, down + lm_head):\n")
     print(markdown_table(
         ["M", "kernel ms", "kernel ms, PDL", "kernel ms, no PDL", "cuBLAS ms", "bytes floor ms", "kernel % copy", "cuBLAS % copy",
-         "speedup", "kernel ms, q/k/v fused", "kernel % copy, q/k/v fused", "kernel ms, a kernel between",
-         "cuBLAS ms, a kernel between"],
+         "speedup", "kernel ms, q/k/v fused", "kernel % copy, q/k/v fused", "kernel ms, q/k/v + gate/up fused",
+         "kernel % copy, q/k/v + gate/up fused", "kernel ms, a kernel between", "cuBLAS ms, a kernel between"],
         [[r["m"], r["kernel_ms"], r["kernel_pdl_ms"], r["kernel_no_pdl_ms"], r["cublas_ms"], r["floor_ms"], r["kernel_pct_copy"],
           r["cublas_pct_copy"], r["speedup"], r["kernel_fused_qkv_ms"], r["kernel_fused_qkv_pct_copy"],
-          r["kernel_between_ms"], r["cublas_between_ms"]] for r in report["stack"]]))
+          r["kernel_fused_ms"], r["kernel_fused_pct_copy"], r["kernel_between_ms"], r["cublas_between_ms"]]
+         for r in report["stack"]]))
     if report.get("wide_stack"):
-        print("\n8B linear stack past one row tile (q/k/v fused; exact mode's routing):\n")
+        print("\n8B linear stack past one row tile (q/k/v and gate/up fused; exact mode's routing):\n")
         print(markdown_table(
             ["M", "bytes floor ms", "kernel ms, row groups", "% copy", "kernel ms, a read per 32 rows", "% copy",
              "cuBLAS ms", "% copy"],

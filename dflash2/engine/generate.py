@@ -216,10 +216,10 @@ def speculative_generate(
         linear_impl: the target's and the draft's linear layers at decode and verify sizes (at
             most 32 rows): `"torch"` (default, `F.linear`) | `"triton"` (the small-M
             weight-streaming kernel, `dflash2.kernels.linear`, through a function mode owned by the
-            decoding state; under `compile_level` the compiled modules call it as an opaque operator;
-            outside `compile_level="full"` each attention's q/k/v run as one launch over a copy of
-            their concatenated weights, about 1/8 of the linear bytes more memory at the Qwen3-8B
-            shape) | `"auto"` (Triton on CUDA). Not with exact mode, which picks its own kernels.
+            decoding state; under `compile_level` the compiled modules call it as an opaque operator,
+            one per linear; outside compiled modules each attention's q/k/v and each MLP's gate/up
+            run as one launch that reads the members' weights in place) | `"auto"` (Triton on
+            CUDA). Not with exact mode, which picks its own kernels.
         exact_impl: how exact mode makes a row independent of its batch: `"rows"` (every target
             forward row by row, eagerly, with the stock kernels) | `"invariant"` (one batched
             forward through batch-invariant kernels, replayed from CUDA graphs: module docstring)

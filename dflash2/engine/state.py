@@ -180,11 +180,12 @@ class DecodeState:
         # Invariant exact mode routes every linear (any row count) and the norms' means through
         # batch-invariant kernels around the steps; the normal mode's linear mode (linear_impl)
         # covers prefill and steps.
-        # Each attention's q/k/v as one launch, except where dynamo traces the target's attention
-        # modules (compile level "full": each linear runs there as its own operator). In exact
-        # mode too: a column's bits depend on its weight row, the input row and the tiling of the
-        # fused matrix, which every call and arm of a run shares. The DFlash2 draft (compiled
-        # "light" at every level) also gets its context's k/v as one launch.
+        # Each attention's q/k/v and each MLP's gate/up as one launch, where their modules run
+        # uncompiled (inside compiled modules, the MLPs at "light" and everything at "full", each
+        # linear runs as its own operator). In exact mode too: a column's bits depend on its weight
+        # row, the input row and the tiling of the fused matrix, which every call and arm of a run
+        # shares. The DFlash2 draft (compiled "light" at every level) also gets its context's k/v
+        # as one launch.
         self.mean_mode = None
         self.linear_mode = None
         if engine.invariant_exact or engine.linear_impl == "triton":

@@ -89,26 +89,29 @@ def test_greedy_speculative_with_the_fused_draft_equals_ar(triton_cpu):
     assert [s.tolist() for s in spec.sequences] == [s.tolist() for s in ar.sequences]
 
 
-def test_the_drafts_projections_run_as_two_fused_launches_a_layer(triton_cpu, monkeypatch):
+def test_the_drafts_projections_run_as_fused_launches(triton_cpu, monkeypatch):
     """Under the small-M linear mode (`linear_impl="triton"`) the draft's block q/k/v run as one
-    launch and its context k/v as another (`fusable_groups(draft, kv_pairs=True)`): the members'
-    own weights are never read, and the tokens still equal AR's."""
+    launch, its context k/v as another and its MLP's gate/up as a third
+    (`fusable_groups(draft, kv_pairs=True)`), each over the members' own weights; no member is
+    launched alone, and the tokens still equal AR's."""
     import dflash2.kernels.linear as linear
 
     target, draft, prompts = fp32_target_draft_prompts(VOCAB, layers=4)
     target = TargetModel(target)
     seen = []
-    real = linear.small_m_linear
-    monkeypatch.setattr(linear, "small_m_linear", lambda x, w, *a, **k: seen.append(w) or real(x, w, *a, **k))
+    real = linear._small_m_linear_triton
+    monkeypatch.setattr(linear, "_small_m_linear_triton", lambda x, w, *a, **k: seen.append(w) or real(x, w, *a, **k))
     kw = dict(max_new_tokens=6, seed=0)
     ar = speculative_generate(target, None, prompts, **kw)
     spec = speculative_generate(target, draft, prompts, num_speculative_tokens=3, impl="triton", linear_impl="triton",
                                 **kw)
     assert [s.tolist() for s in spec.sequences] == [s.tolist() for s in ar.sequences]
-    ptrs = {w.data_ptr() for w in seen}
-    attn = draft.layers[0].self_attn
-    assert attn.o_proj.weight.data_ptr() in ptrs
-    assert not {lin.weight.data_ptr() for lin in (attn.q_proj, attn.k_proj, attn.v_proj)} & ptrs
-    widths = {w.shape[0] for w in seen if w.shape[1] == draft.config.hidden_size}
-    q, kv = attn.q_proj.out_features, attn.k_proj.out_features
-    assert {q + 2 * kv, 2 * kv} <= widths  # the block's q/k/v and the context's k/v
+    alone = {id(w) for w in seen if not isinstance(w, tuple)}
+    fused = {tuple(id(m) for m in w) for w in seen if isinstance(w, tuple)}
+    layer = draft.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    assert id(attn.o_proj.weight) in alone and id(mlp.down_proj.weight) in alone
+    members = [lin.weight for lin in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)]
+    assert not {id(w) for w in members} & alone
+    qkv, ctx_kv, gate_up = members[:3], members[1:3], members[3:]
+    assert {tuple(map(id, qkv)), tuple(map(id, ctx_kv)), tuple(map(id, gate_up))} <= fused

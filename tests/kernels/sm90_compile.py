@@ -11,10 +11,11 @@ its ``num_warps`` / ``num_stages``. The wrappers' CPU-only choices are set back 
 (`GPU_CONSTEXPRS`: the linear's ``WIDEN`` and ``IEEE`` for 16-bit operands off, the verify's
 ``FAST_LOG`` on), and a case can ask for more (``PDL``, as `SmallMLinearMode(pdl=True)` runs).
 
-What this shows: the kernels compile for Hopper at those settings, and each one's static shared
-memory fits the H200's 227 KiB per block. What it does not: numerics (the interpreter tests and
-the GPU tests), and the integer-divisibility specializations the runtime adds (they change
-vectorization, not validity).
+What this shows: the kernels compile for Hopper at those settings and with the runtime's
+divisibility-by-16 specializations of their arguments, and each one's static shared memory fits
+the H200's 227 KiB per block; each row counts the 16-byte asynchronous copies in the PTX
+(`async_copies`, the pipelined tile loads). What it does not: numerics (the interpreter tests and
+the GPU tests), and the runtime's specialization of integer arguments equal to 1.
 """
 
 from __future__ import annotations
@@ -72,9 +73,21 @@ def capture(call) -> list[tuple]:
     return launches
 
 
+def _divisible_by_16(value) -> bool:
+    """Whether Triton's launcher would mark this argument divisible by 16: a tensor whose data
+    pointer is 16-byte aligned, an int (not a bool) that is a multiple of 16."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr() % 16 == 0
+    return isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0
+
+
 def compile_launch(fn, args: tuple, kwargs: dict, overrides: dict | None = None):
     """The launch compiled for sm_90, with `GPU_CONSTEXPRS` and the case's `overrides` (constexprs
-    the wrapper sets from the device it sees): `(name, constexprs shown, metadata)`."""
+    the wrapper sets from the device it sees), and the divisibility-by-16 specializations the
+    runtime gives its arguments (they decide vectorized loads and pipelining, so the shared
+    memory too): `(name, constexprs shown, metadata, PTX text)`."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -86,8 +99,9 @@ def compile_launch(fn, args: tuple, kwargs: dict, overrides: dict | None = None)
     pdl = bool(kwargs.pop("launch_pdl", False))
     bound.update(kwargs)
     constexpr_names = {p.name for p in fn.params if p.is_constexpr}
-    signature, constexprs = {}, {}
-    for p in params:
+    unspecialized = {p.name for p in fn.params if p.do_not_specialize}
+    signature, constexprs, attrs = {}, {}, {}
+    for i, p in enumerate(params):
         value = bound[p]
         kind = None if p in constexpr_names else _arg_type(value)
         if kind is None:
@@ -95,15 +109,17 @@ def compile_launch(fn, args: tuple, kwargs: dict, overrides: dict | None = None)
             signature[p] = "constexpr"
         else:
             signature[p] = kind
+            if _divisible_by_16(value) and p not in unspecialized:  # as the runtime specializes
+                attrs[(i,)] = [["tt.divisibility", 16]]
     fix = GPU_CONSTEXPRS.get(name)
     for k, v in {**(fix(constexprs) if fix else {}), **(overrides or {})}.items():
         if k in constexprs:
             constexprs[k] = v
     pdl = bool(constexprs.get("PDL", pdl))
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     shown = {k: v for k, v in constexprs.items() if isinstance(v, (int, float, bool)) and not isinstance(v, type)}
-    return name, {**shown, **options, "pdl": pdl}, kernel.metadata
+    return name, {**shown, **options, "pdl": pdl}, kernel.metadata, kernel.asm["ptx"]
 
 
 def cases():
@@ -123,19 +139,24 @@ def cases():
     bf16, f32, i64 = torch.bfloat16, torch.float32, torch.int64
     e = torch.empty
     out = []
-    # small-M linear: (N, K) of the 8B target's fused q/k/v, o, gate+up, down and head, SmolLM2's
-    # q/k/v, down and head; 1, 16 and 32 rows, and 128 rows (row groups, exact mode's verify)
-    shapes = [("8b", n, k, bf16) for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288),
-                                             (151936, 4096))]
-    shapes += [("135m", n, k, dt) for n, k in ((960, 576), (576, 1536), (49152, 576)) for dt in (bf16, f32)]
-    for tag, n, k, dt in shapes:
+    # small-M linear: (N, K) of the 8B target's q/k/v and gate/up (each as one matrix and as a
+    # fused group's members, read in place), o, down and head, SmolLM2's q/k/v (both ways), down
+    # and head; 1, 16 and 32 rows, and 128 rows (row groups, exact mode's verify)
+    shapes = [("8b", sizes, k, bf16) for sizes, k in (((6144,), 4096), ((4096, 1024, 1024), 4096), ((4096,), 4096),
+                                                     ((24576,), 4096), ((12288, 12288), 4096), ((4096,), 12288),
+                                                     ((151936,), 4096))]
+    shapes += [("135m", sizes, k, dt) for sizes, k in (((960,), 576), ((576, 192, 192), 576), ((576,), 1536),
+                                                      ((49152,), 576)) for dt in (bf16, f32)]
+    for tag, sizes, k, dt in shapes:
+        n = sum(sizes)
         config = default_config(n, k, dt, _DEFAULT_SMS)
-        w = e(n, k, dtype=dt)
+        w = tuple(e(ni, k, dtype=dt) for ni in sizes) if len(sizes) > 1 else e(n, k, dtype=dt)
+        shape = "+".join(map(str, sizes)) + f"x{k}"
         for m in (1, 16, MAX_ROWS, 4 * MAX_ROWS):
-            out.append((f"linear {tag} {n}x{k} {str(dt)[6:]} M={m}",
+            out.append((f"linear {tag} {shape} {str(dt)[6:]} M={m}",
                         lambda m=m, w=w, k=k, dt=dt, c=config: _small_m_linear_triton(e(m, k, dtype=dt), w, None, c)))
         if dt == bf16:  # programmatic dependent launch, as SmallMLinearMode(pdl=True) runs it on sm_90
-            out.append((f"linear {tag} {n}x{k} bf16 M=1 PDL", lambda w=w, k=k, c=config: _small_m_linear_triton(
+            out.append((f"linear {tag} {shape} bf16 M=1 PDL", lambda w=w, k=k, c=config: _small_m_linear_triton(
                 e(1, k, dtype=bf16), w, None, c), {"PDL": True}))
     # row attention: the 8B target (32/8 heads, hd 128) and SmolLM2 (9/3, hd 64) at decode and a
     # 16-token verify, batch 1 and 8; exact mode's fixed splits and query tile; the merge unrolled
@@ -232,9 +253,10 @@ def main(argv: list[str]) -> int:
                 t0 = time.perf_counter()
                 row = {"case": label, "kernel": fn.fn.__name__}
                 try:
-                    name, shown, meta = compile_launch(fn, args, dict(kwargs), *overrides)
+                    name, shown, meta, ptx = compile_launch(fn, args, dict(kwargs), *overrides)
                     row.update(ok=meta.shared <= H200_SHARED_BYTES, shared_bytes=meta.shared,
-                               num_warps=meta.num_warps, num_stages=meta.num_stages, constexprs=shown)
+                               num_warps=meta.num_warps, num_stages=meta.num_stages, constexprs=shown,
+                               async_copies=ptx.count("cp.async.cg.shared.global"))
                     if not row["ok"]:
                         row["error"] = f"static shared memory {meta.shared} B > the H200's {H200_SHARED_BYTES} B"
                 except Exception as exc:  # noqa: BLE001  (each launch reports its own failure)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -358,10 +360,11 @@ def test_pdl_chain_waits_for_its_input(cuda_device):
     assert torch.equal(outs[True], outs[False])
 
 
-def test_fused_qkv_is_one_launch_with_each_members_output(monkeypatch, triton_device):
-    """`fusable_groups` finds each attention's q/k/v; under the mode the first member's call runs one
-    launch over the concatenated weights and the others return their slices for the same input;
-    another input, or a member called first, runs unfused; outputs match the unfused mode's."""
+def test_fused_groups_are_one_launch_with_each_members_output(monkeypatch, triton_device):
+    """`fusable_groups` finds each attention's q/k/v and each MLP's gate/up; under the mode the
+    first member's call runs one launch over the members' own weights and the others return their
+    slices for the same input; another input, or a member called first, runs unfused; outputs
+    match the unfused mode's; in-place weight updates reach the fused launch."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from dflash2.kernels.linear import FusedLinears, fusable_groups
@@ -371,11 +374,16 @@ def test_fused_qkv_is_one_launch_with_each_members_output(monkeypatch, triton_de
                       num_key_value_heads=2, head_dim=8)
     model = Qwen3ForCausalLM(cfg).to(triton_device).eval()
     groups = fusable_groups(model)
-    assert len(groups) == 2 and groups[0].sizes == [32, 16, 16] and groups[0].weight.shape == (64, 32)
+    assert [g.sizes for g in groups] == [[32, 16, 16], [48, 48]] * 2 and (groups[0].n, groups[0].k) == (64, 32)
+    assert groups[0].weights[1] is model.model.layers[0].self_attn.k_proj.weight  # read in place, not copied
     launches = []
     real = lin._small_m_linear_triton
-    monkeypatch.setattr(lin, "_small_m_linear_triton", lambda x, w, b, c, t: launches.append(tuple(w.shape))
-                        or real(x, w, b, c, t))
+
+    def counting(x, w, b, c, t=None):
+        launches.append(sum(m.shape[0] for m in (w if isinstance(w, tuple) else (w,))))
+        return real(x, w, b, c, t)
+
+    monkeypatch.setattr(lin, "_small_m_linear_triton", counting)
     ids = torch.tensor([[3, 5, 7]], device=triton_device)
     with torch.no_grad():
         with SmallMLinearMode("triton", triton_device):
@@ -386,7 +394,8 @@ def test_fused_qkv_is_one_launch_with_each_members_output(monkeypatch, triton_de
         with fused_mode:
             fused = model(ids).logits
         assert not fused_mode._pending  # every slice was taken, nothing outlives the block
-    assert len(launches) == n_plain - 2 * 2 and launches.count((64, 32)) == 2  # 3 launches -> 1 per layer
+    # per layer q/k/v 3 launches -> 1 and gate/up 2 -> 1
+    assert len(launches) == n_plain - 3 * 2 and launches.count(64) == 2 and launches.count(96) == 2
     assert torch.allclose(fused, plain, rtol=1e-4, atol=1e-5)
     attn = model.model.layers[0].self_attn
     x, other = torch.randn(1, 3, 32, device=triton_device), torch.randn(1, 3, 32, device=triton_device)
@@ -400,14 +409,34 @@ def test_fused_qkv_is_one_launch_with_each_members_output(monkeypatch, triton_de
     assert torch.allclose(k_other, ref(attn.k_proj, other), rtol=1e-4, atol=1e-5)
     assert torch.allclose(v, ref(attn.v_proj, x), rtol=1e-4, atol=1e-5)
     assert torch.allclose(k_first, ref(model.model.layers[1].self_attn.k_proj, x), rtol=1e-4, atol=1e-5)
-    with torch.no_grad():  # weights updated in place reach the fused launch after a refresh
+    with torch.no_grad():  # weights updated in place reach the fused launch (no copy to refresh)
         attn.k_proj.weight.mul_(2.0)
-        groups[0].refresh()
         with SmallMLinearMode("triton", triton_device, fused=groups):
             attn.q_proj(x)
             k2 = attn.k_proj(x)
     assert torch.allclose(k2, ref(attn.k_proj, x), rtol=1e-4, atol=1e-5)
-    with pytest.raises(ValueError, match="at least two"):
+    with pytest.raises(ValueError, match="two or three"):
         FusedLinears([attn.q_proj])
     with pytest.raises(ValueError, match="in_features"):
         FusedLinears([attn.q_proj, model.model.layers[0].mlp.down_proj])
+    strided = SimpleNamespace(weight=torch.randn(32, 64, device=triton_device)[:, ::2], bias=None)
+    with pytest.raises(ValueError, match="contiguous"):
+        FusedLinears([attn.q_proj, strided])
+
+
+@pytest.mark.parametrize("sizes, m, split", [((32, 16, 16), 3, 1), ((40, 72), 5, 2), ((64, 16, 80), 70, 3)],
+                         ids=["qkv-unaligned", "pair-split2", "three-rowgroups-split3"])
+def test_fused_launch_reads_each_member_in_place_with_the_concatenated_bits(sizes, m, split, triton_device):
+    """One launch over 2-3 member matrices equals, bit for bit, the same launch over their
+    concatenation (same tiling), at member boundaries inside a column tile, with K split and
+    past one row tile; the members are read where they lie."""
+    k = 96
+    ws = tuple(torch.randn(n, k, device=triton_device) for n in sizes)
+    bias = torch.randn(sum(sizes), device=triton_device)
+    x = torch.randn(m, k, device=triton_device)
+    config = LinearConfig(block_n=32, block_k=32, split_k=split)
+    fused = lin._small_m_linear_triton(x, ws, bias, config)
+    whole = lin._small_m_linear_triton(x, torch.cat(ws), bias, config)
+    assert fused.shape == (m, sum(sizes)) and torch.equal(fused, whole)
+    exact = x.double() @ torch.cat(ws).double().T + bias.double()
+    assert (fused.double() - exact).abs().max() < 1e-3

@@ -58,6 +58,17 @@ def test_every_kernel_compiles_for_the_h200_and_fits_its_shared_memory():
     linear = [r for r in rows if r["kernel"] == "_small_m_linear_kernel" and "float32" not in r["case"]]
     assert linear and all(r["constexprs"]["WIDEN"] is False and r["constexprs"]["IEEE"] is False for r in linear)
     assert any(r["constexprs"].get("ROW_TILES") == 4 for r in linear)  # the row groups of a 128-row verify
+    # with the runtime's alignment specializations the weight tiles load by 16-byte async copies,
+    # and a fused group (members read in place) compiles to the same loads and shared memory as
+    # its concatenation in one matrix
+    assert all(r["async_copies"] > 0 for r in linear)
+    by_case = {r["case"]: r for r in rows}
+    pairs = [("8b 4096+1024+1024x4096", "8b 6144x4096"), ("8b 12288+12288x4096", "8b 24576x4096"),
+             ("135m 576+192+192x576", "135m 960x576")]
+    for fused, whole in pairs:
+        for suffix in ("bfloat16 M=1", "bfloat16 M=16", "bfloat16 M=128") + (("float32 M=16",) * fused.startswith("135m")):
+            a, b = by_case[f"linear {fused} {suffix}"], by_case[f"linear {whole} {suffix}"]
+            assert (a["async_copies"], a["shared_bytes"]) == (b["async_copies"], b["shared_bytes"]), (fused, suffix)
 
 
 def test_the_check_reports_a_kernel_that_fails_and_one_past_the_shared_memory():

@@ -135,14 +135,20 @@ def ticket_buffer(device: torch.device | str, size: int = TICKETS) -> torch.Tens
     return torch.zeros(size, dtype=torch.int32, device=device)
 
 
-def _small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                           config: LinearConfig, tickets: torch.Tensor | None = None) -> torch.Tensor:
+def _small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor | tuple[torch.Tensor, ...],
+                           bias: torch.Tensor | None, config: LinearConfig,
+                           tickets: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton path on `x [M, K]` (any M >= 1, unit stride along K), `weight [N, K]`
-    (unit stride along K), `bias [N] | None`; returns a new `[M, N]` tensor of `x.dtype`.
-    `tickets` (split K only): a `ticket_buffer` with at least one counter per (row group, column
-    tile); None (or a smaller one) zeroes a fresh one."""
+    (unit stride along K) or a tuple of up to three such matrices with one row stride (a fused
+    group: the weight is their row-wise concatenation, read where each lies), `bias [N] | None`;
+    returns a new `[M, N]` tensor of `x.dtype`. `tickets` (split K only): a `ticket_buffer`
+    with at least one counter per (row group, column tile); None (or a smaller one) zeroes a
+    fresh one."""
+    ws = weight if isinstance(weight, tuple) else (weight,)
     m, k = x.shape
-    n = weight.shape[0]
+    n1 = ws[0].shape[0]
+    n2 = n1 + (ws[1].shape[0] if len(ws) > 1 else 0)
+    n = sum(w.shape[0] for w in ws)
     chunk, splits = _split_chunk(k, config.block_k, config.split_k)
     tiles = -(-n // config.block_n)
     group = min(config.row_tiles, -(-m // MAX_ROWS))  # row tiles per program
@@ -156,12 +162,13 @@ def _small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     else:
         part = tickets = out  # never read with one split
     widen = x.device.type == "cpu" and x.dtype != torch.float32
+    w1, w2, w3 = ws[0], ws[min(1, len(ws) - 1)], ws[-1]
     _tk._small_m_linear_kernel[(groups, tiles, splits)](
-        x, weight, bias if bias is not None else weight, out, part, tickets, m, n, k, chunk,
-        x.stride(0), weight.stride(0), out.stride(0),
+        x, w1, w2, w3, bias if bias is not None else w1, out, part, tickets, m, n, k, chunk, n1, n2,
+        x.stride(0), w1.stride(0), out.stride(0),
         BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLITS=splits, ROW_TILES=group,
         EVEN_K=k % config.block_k == 0,  # then every split's range is whole blocks
-        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32 or widen, WIDEN=widen, PDL=pdl,
+        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32 or widen, WIDEN=widen, PDL=pdl, NUM_W=len(ws),
         num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
     return out
 
@@ -247,65 +254,73 @@ def _small_m_linear_fake(x, weight, bias, tickets, block_n, block_k, split_k, nu
 
 
 class FusedLinears:
-    """Linears that read the same input (an attention's q/k/v), run as one kernel launch over
-    their concatenated weights: one launch streams the three matrices, where three launches
-    would each pay the kernel's fixed cost (docs/PERFORMANCE.md: the small k/v matrices read at
-    about a third of copy bandwidth alone).
+    """Linears that read the same input (an attention's q/k/v, an MLP's gate and up), run as one
+    kernel launch that streams their weights where they are: one launch reads the two or three
+    matrices, where separate launches would each pay the kernel's fixed cost
+    (docs/PERFORMANCE.md: the small k/v matrices read at about a third of copy bandwidth alone).
 
     Args:
-        linears: the `nn.Linear` modules, in the order the model calls them; same `in_features`,
-            dtype and device, all with a bias or none.
+        linears: 2 or 3 `nn.Linear` modules (or objects with `weight` and `bias`), in the order
+            the model calls them; same `in_features`, dtype and device, contiguous weights, all
+            with a bias or none.
     Attributes:
-        weight: `[sum N_i, K]`, a copy (the modules keep their own weights; `refresh` copies them
-            again); bias likewise or None.
-        sizes: each member's `N_i`. keys: each member's weight identity and storage
-            (`(id, data_ptr)`): a replaced weight no longer matches, and its calls run unfused.
+        weights: the members' own weight tensors (no copy: in-place updates reach the launch).
+        bias: the members' biases concatenated (a copy; `refresh` copies them again) or None.
+        sizes: each member's `N_i`; n, k: the fused `[sum N_i, K]` shape. keys: each member's
+            weight identity (`id`): a replaced weight no longer matches, and its calls run unfused.
     """
 
     def __init__(self, linears) -> None:
         linears = list(linears)
-        if len(linears) < 2:
-            raise ValueError("a fused group needs at least two linears")
+        if not 2 <= len(linears) <= 3:
+            raise ValueError(f"a fused group needs two or three linears, got {len(linears)}")
         w0 = linears[0].weight
-        if any(lin.weight.shape[1] != w0.shape[1] or lin.weight.dtype != w0.dtype or lin.weight.device != w0.device
-               for lin in linears):
+        if any(lin.weight.dim() != 2 or lin.weight.shape[1] != w0.shape[1] or lin.weight.dtype != w0.dtype
+               or lin.weight.device != w0.device for lin in linears):
             raise ValueError("fused linears must share in_features, dtype and device")
+        if any(not lin.weight.is_contiguous() for lin in linears):
+            raise ValueError("fused linears need contiguous weights (one row stride)")
         if len({lin.bias is None for lin in linears}) != 1:
             raise ValueError("fused linears must all have a bias or none")
+        self.weights = tuple(lin.weight for lin in linears)
         with torch.no_grad():
-            self.weight = torch.cat([lin.weight.detach() for lin in linears]).contiguous()
             self.bias = (None if linears[0].bias is None else
                          torch.cat([lin.bias.detach() for lin in linears]).contiguous())
         self.sizes = [int(lin.weight.shape[0]) for lin in linears]
-        self.keys = [(id(lin.weight), lin.weight.data_ptr()) for lin in linears]
+        self.n, self.k = sum(self.sizes), int(w0.shape[1])
+        self.keys = [id(lin.weight) for lin in linears]
         self._linears = linears
 
     def refresh(self) -> None:
-        """Copy the members' current weights into the concatenated ones, in place (the same
-        storage, so captured graphs keep reading it): weights updated in place since the copy
-        was made reach the fused launch too."""
-        with torch.no_grad():
-            torch.cat([lin.weight.detach() for lin in self._linears], out=self.weight)
-            if self.bias is not None:
+        """Copy the members' current biases into the concatenated one, in place (the same
+        storage, so captured graphs keep reading it); the weights are read where they lie."""
+        if self.bias is not None:
+            with torch.no_grad():
                 torch.cat([lin.bias.detach() for lin in self._linears], out=self.bias)
 
 
 def fusable_groups(model: torch.nn.Module, *, kv_pairs: bool = False) -> list[FusedLinears]:
-    """One `FusedLinears` per module of `model` with `q_proj`, `k_proj` and `v_proj` linears that
-    can fuse (stock attention modules), in module order; with `kv_pairs`, also one of its
-    `k_proj` and `v_proj` alone (for an attention that projects a second input to keys and
-    values only, as the DFlash2 draft's context: its k/v run as one launch when k is called
-    first with an input the q/k/v group did not take). Their weights are copied: about the q/k/v
-    share of the linear bytes (1/8 at the Qwen3-8B shape) more memory, and k/v again for pairs."""
+    """One `FusedLinears` per module of `model` with `q_proj`, `k_proj` and `v_proj` linears, and
+    one per module with `gate_proj` and `up_proj` linears, that can fuse (stock attention and MLP
+    modules: both call their members in that order on one input), in module order; with
+    `kv_pairs`, also one of each attention's `k_proj` and `v_proj` alone (for an attention that
+    projects a second input to keys and values only, as the DFlash2 draft's context: its k/v run
+    as one launch when k is called first with an input the q/k/v group did not take). The
+    weights are not copied (biases are)."""
     groups = []
     for module in model.modules():
+        candidates = []
         lins = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj")]
         if all(isinstance(lin, torch.nn.Linear) for lin in lins):
-            for members in ([lins, lins[1:]] if kv_pairs else [lins]):
-                try:
-                    groups.append(FusedLinears(members))
-                except ValueError:
-                    continue  # shapes or dtypes that do not fuse: those linears run one by one
+            candidates += [lins, lins[1:]] if kv_pairs else [lins]
+        mlp = [getattr(module, name, None) for name in ("gate_proj", "up_proj")]
+        if all(isinstance(lin, torch.nn.Linear) for lin in mlp):
+            candidates.append(mlp)
+        for members in candidates:
+            try:
+                groups.append(FusedLinears(members))
+            except ValueError:
+                continue  # shapes or dtypes that do not fuse: those linears run one by one
     return groups
 
 
@@ -331,12 +346,12 @@ class SmallMLinearMode(TorchFunctionMode):
             one launch.
 
     The mode's state is its split-K `tickets` (zero between calls, so it may be captured in CUDA
-    graphs and replayed) and, with `fused` groups (`fusable_groups`: each attention's q/k/v),
-    their concatenated weights and the outputs waiting for the group's later members; calls
-    through one mode must be stream-ordered. A fused group runs one launch over its
-    concatenated weights when its first member is called; the others return their slices of
-    it when called with the same input tensor (eager and graph capture; under `torch.compile`
-    each linear runs on its own). The CUDA-graph
+    graphs and replayed) and, with `fused` groups (`fusable_groups`: each attention's q/k/v, each
+    MLP's gate/up), the outputs waiting for a group's later members; calls through one mode must
+    be stream-ordered. A fused group runs one launch over its members' weights when its first
+    member is called; the others return their slices of it when called with the same input
+    tensor (eager and graph capture; inside `torch.compile`d modules each linear runs on its own:
+    a group looked up by its weights would specialize a compiled module per layer). The CUDA-graph
     contract is otherwise `small_m_linear`'s. Around `torch.compile`d modules, dynamo traces the
     routing (the row count becomes a guard) and emits the opaque `dflash2::small_m_linear`
     operator, which runs the same kernel with the same tiling, so compiled and eager calls give
@@ -363,11 +378,11 @@ class SmallMLinearMode(TorchFunctionMode):
         # `_pending` (by weight key: (the input it was computed for, the output slice)) until the
         # model asks for them with that same input tensor.
         self._fused = {g.keys[0]: g for g in (fused or [])}
-        self._pending: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def refresh_fused(self) -> None:
         """`FusedLinears.refresh` for every fused group (the engine calls it at the start of
-        each call, so in-place weight updates between calls are seen)."""
+        each call, so in-place bias updates between calls are seen; weights are read in place)."""
         for group in self._fused.values():
             group.refresh()
 
@@ -418,16 +433,18 @@ class SmallMLinearMode(TorchFunctionMode):
         member called with another input (or a group whose first member was skipped) runs
         unfused, so the outputs are those of `F.linear` on the concatenated weights whatever
         the call order."""
-        key = (id(weight), weight.data_ptr())
+        key = id(weight)
         waiting = self._pending.pop(key, None)
         if waiting is not None and waiting[0] is x:
             return waiting[1]
         group = self._fused.get(key)
         if group is None or (bias is None) != (group.bias is None):
             return None
-        config = self.config_for(group.weight.shape[0], group.weight.shape[1], x.dtype)
-        out = small_m_linear(x, group.weight, group.bias, impl="triton", config=config, tickets=self.tickets,
-                             max_rows=self.max_rows)
+        config = self.config_for(group.n, group.k, x.dtype)
+        x2 = x.reshape(-1, group.k)
+        x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+        out = _small_m_linear_triton(x2, group.weights, group.bias, config, self.tickets)
+        out = out.reshape(*x.shape[:-1], group.n)
         parts = out.split(group.sizes, dim=-1)
         for member, part in zip(group.keys[1:], parts[1:]):
             self._pending[member] = (x, part)

@@ -19,6 +19,12 @@
 # Which program finishes last varies from run to run; the order of the sum does not, so the
 # result is deterministic, and no second launch is needed.
 #
+# Fused linears (NUM_W = 2 or 3): W is the row-wise concatenation of up to three matrices that
+# stay where they are (w_ptr, w2_ptr, w3_ptr; rows [0, N1), [N1, N2), [N2, N) of W), all with
+# row stride s_wn. Each W row is read from the matrix that holds it (a per-row select of the
+# tile's pointers, constant along K), so a fused launch reads the members' own weights and every
+# column gets the arithmetic it would get from the one concatenated matrix.
+#
 # Row invariance: nothing in a row's arithmetic depends on M or on another row's values. BLOCK_M
 # is fixed by the launcher (not chosen from M), M is not specialized (one binary per group size),
 # masked rows are zeros, every row tile runs the same code whatever group it is in (the same
@@ -101,12 +107,12 @@ def _finish_group(acc0, acc1, acc2, acc3, rm0, rn, b_ptr, out_ptr, part_ptr, s, 
 
 @triton.jit(do_not_specialize=["M"])  # one binary per ROW_TILES for every row count (M = 1 would be specialized)
 def _small_m_linear_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, ticket_ptr,
-    M, N, K, k_chunk,
+    x_ptr, w_ptr, w2_ptr, w3_ptr, b_ptr, out_ptr, part_ptr, ticket_ptr,
+    M, N, K, k_chunk, N1, N2,
     s_xm, s_wn, s_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
     ROW_TILES: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-    WIDEN: tl.constexpr, PDL: tl.constexpr,
+    WIDEN: tl.constexpr, PDL: tl.constexpr, NUM_W: tl.constexpr,
 ):
     if PDL:
         gdc_wait()
@@ -123,6 +129,10 @@ def _small_m_linear_kernel(
     k_start = s * k_chunk
     k_end = tl.minimum(k_start + k_chunk, K)
     w_ptrs = w_ptr + rn[:, None] * s_wn + (k_start + rk)[None, :]  # [BLOCK_N, BLOCK_K]
+    if NUM_W > 1:  # rows past N1 (and N2) live in the second (third) matrix, at row rn - N1 (- N2)
+        w_ptrs = tl.where(rn[:, None] >= N1, w2_ptr + (rn - N1)[:, None] * s_wn + (k_start + rk)[None, :], w_ptrs)
+    if NUM_W > 2:
+        w_ptrs = tl.where(rn[:, None] >= N2, w3_ptr + (rn - N2)[:, None] * s_wn + (k_start + rk)[None, :], w_ptrs)
     acc0 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # row tiles past ROW_TILES stay unused
     acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
