@@ -195,13 +195,14 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
     flipped = SmallMLinearMode("triton", "cuda", configs={  # the default tilings, PDL the other way
         s: dataclasses.replace(c, pdl=not c.pdl) for s in shapes for c in [mode.config_for(*s, torch.bfloat16)]})
     pdl_default = mode.config_for(HIDDEN, HIDDEN, torch.bfloat16).pdl
-    qkv_mode, all_mode = _fused_mode(layers, mlp=False), _fused_mode(layers, mlp=True)
+    qkv_mode = SmallMLinearMode("triton", "cuda", fused=_fused_groups(layers, mlp=False))
+    all_mode = SmallMLinearMode("triton", "cuda", fused=_fused_groups(layers, mlp=True))
     results = []
     for m in rows:
         xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for k in (HIDDEN, INTER)}
 
-        def step(linear, between=False, stack=layers):
-            _stack_step(xs, stack, head, linear, between)
+        def step(linear, between=False):
+            _stack_step(xs, layers, head, linear, between)
 
         def routed_step(i, mode=mode, between=False):
             with mode:
@@ -238,16 +239,16 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
     return results
 
 
-def _fused_mode(layers, mlp: bool, **mode_kw) -> SmallMLinearMode:
-    """The kernel's mode with each layer's q/k/v (and, with `mlp`, gate/up) as one fused group over
-    the layer's own weight tensors, as `fusable_groups` builds them for a model."""
+def _fused_groups(layers, mlp: bool) -> list[FusedLinears]:
+    """Each layer's q/k/v (and, with `mlp`, gate/up) as one fused group over the layer's own weight
+    tensors, as `fusable_groups` builds them for a model."""
     groups = []
     for layer in layers:
         members = [SimpleNamespace(weight=w, bias=None) for w in layer]
         groups.append(FusedLinears(members[:3]))
         if mlp:
             groups.append(FusedLinears(members[4:6]))
-    return SmallMLinearMode("triton", "cuda", fused=groups, **mode_kw)
+    return groups
 
 
 def _stack_step(xs: dict[int, torch.Tensor], layers, head: torch.Tensor, linear, between: bool = False) -> None:
@@ -268,11 +269,11 @@ def bench_wide_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> li
     layers = [[(torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * k ** -0.5) for _, n, k in LAYER_LINEARS]
               for _ in range(LAYERS)]
     head = torch.randn(VOCAB, HIDDEN, dtype=torch.bfloat16, device="cuda") * HIDDEN ** -0.5
-    grouped = _fused_mode(layers, mlp=True, max_rows=None)
-    l0 = layers[0]  # the shapes launched: fused q/k/v, o, fused gate/up, down, the head
-    shapes = {(sum(w.shape[0] for w in l0[:3]), HIDDEN), tuple(l0[3].shape), (2 * INTER, HIDDEN), tuple(l0[6].shape),
-              (VOCAB, HIDDEN)}
-    per_tile = _fused_mode(layers, mlp=True, max_rows=None, configs={
+    groups = _fused_groups(layers, mlp=True)
+    grouped = SmallMLinearMode("triton", "cuda", max_rows=None, fused=groups)
+    # the shapes launched: the fused groups', o's and down's, the head's
+    shapes = {(g.n, g.k) for g in groups} | {tuple(layers[0][i].shape) for i in (3, 6)} | {(VOCAB, HIDDEN)}
+    per_tile = SmallMLinearMode("triton", "cuda", max_rows=None, fused=groups, configs={
         sh: dataclasses.replace(grouped.config_for(*sh, torch.bfloat16), row_tiles=1) for sh in shapes})
     results = []
     for m in rows:

@@ -33,8 +33,9 @@ class EngineSettings:
         exact_impl: how exact mode keeps a row's bits independent of the batch: `"rows"` (each
             target forward row by row, eager, the stock kernels) or `"invariant"` (one batched
             forward through batch- and width-invariant kernels: the small-M linear for every row
-            count (each attention's q/k/v as one launch, as in normal mode), the row attention
-            with fixed key splits and query tile, the row mean of the norms; graph-capturable).
+            count (each attention's q/k/v and each MLP's gate/up as one launch, as in normal mode),
+            the row attention with fixed key splits and query tile, the row mean of the norms;
+            graph-capturable).
         linear_impl: `"torch" | "triton"`: the target's and the draft's `nn.Linear` layers at
             decode and verify sizes (at most 32 rows); `"triton"` routes them through
             `dflash2.kernels.linear.SmallMLinearMode` (the decoding state owns the mode, so graphs

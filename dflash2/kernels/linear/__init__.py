@@ -173,6 +173,13 @@ def _small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor | tuple[torch.T
     return out
 
 
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x [..., K]` as `[rows, K]` with unit stride along K (a view where one exists), as the
+    kernel takes it."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(1) == 1 else x2.contiguous()
+
+
 def _check_operands(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not make a linear "
@@ -228,9 +235,7 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if config is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else _DEFAULT_SMS
         config = default_config(n, k, x.dtype, sms)
-    x2 = x.reshape(rows, k)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
+    x2 = _as_rows(x)
     bias = None if bias is None else bias.contiguous()
     return _small_m_linear_triton(x2, weight, bias, config, tickets).reshape(*x.shape[:-1], n)
 
@@ -441,9 +446,7 @@ class SmallMLinearMode(TorchFunctionMode):
         if group is None or (bias is None) != (group.bias is None):
             return None
         config = self.config_for(group.n, group.k, x.dtype)
-        x2 = x.reshape(-1, group.k)
-        x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
-        out = _small_m_linear_triton(x2, group.weights, group.bias, config, self.tickets)
+        out = _small_m_linear_triton(_as_rows(x), group.weights, group.bias, config, self.tickets)
         out = out.reshape(*x.shape[:-1], group.n)
         parts = out.split(group.sizes, dim=-1)
         for member, part in zip(group.keys[1:], parts[1:]):

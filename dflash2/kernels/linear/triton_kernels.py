@@ -128,11 +128,12 @@ def _small_m_linear_kernel(
     n_ok = rn < N
     k_start = s * k_chunk
     k_end = tl.minimum(k_start + k_chunk, K)
-    w_ptrs = w_ptr + rn[:, None] * s_wn + (k_start + rk)[None, :]  # [BLOCK_N, BLOCK_K]
+    k_cols = (k_start + rk)[None, :]
+    w_ptrs = w_ptr + rn[:, None] * s_wn + k_cols  # [BLOCK_N, BLOCK_K]
     if NUM_W > 1:  # rows past N1 (and N2) live in the second (third) matrix, at row rn - N1 (- N2)
-        w_ptrs = tl.where(rn[:, None] >= N1, w2_ptr + (rn - N1)[:, None] * s_wn + (k_start + rk)[None, :], w_ptrs)
+        w_ptrs = tl.where(rn[:, None] >= N1, w2_ptr + (rn - N1)[:, None] * s_wn + k_cols, w_ptrs)
     if NUM_W > 2:
-        w_ptrs = tl.where(rn[:, None] >= N2, w3_ptr + (rn - N2)[:, None] * s_wn + (k_start + rk)[None, :], w_ptrs)
+        w_ptrs = tl.where(rn[:, None] >= N2, w3_ptr + (rn - N2)[:, None] * s_wn + k_cols, w_ptrs)
     acc0 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # row tiles past ROW_TILES stay unused
     acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
