@@ -48,7 +48,7 @@ class TargetSpec:
     tokenizer: str | None = "qwen3-offline"
     dtype: str = "float32"
     # Shapes, used by `source=random` (and recorded for the named presets).
-    architecture: str = "qwen3"  # qwen3 | qwen2 | llama
+    architecture: str = "qwen3"  # one of TARGET_ARCHITECTURES
     hidden_size: int = 64
     intermediate_size: int = 128
     num_hidden_layers: int = 4
@@ -134,6 +134,7 @@ class PromptFormat:
 # ---------------------------------------------------------------------------------- checks
 
 DTYPES = ("float32", "bfloat16", "float16")
+TARGET_ARCHITECTURES = ("qwen3", "qwen2", "llama")
 
 
 def _need(ok: bool, message: str) -> None:
@@ -149,7 +150,8 @@ def check_target_spec(spec: TargetSpec) -> None:
     _need(spec.source != "random" or spec.tokenizer is not None,
           f"target {spec.name}: source=random needs target.tokenizer (e.g. qwen3-offline)")
     _need(spec.dtype in DTYPES, f"target.dtype={spec.dtype!r}: use {', '.join(DTYPES)}")
-    _need(spec.architecture in ("qwen3", "llama"), f"target.architecture={spec.architecture!r}: use qwen3 or llama")
+    _need(spec.architecture in TARGET_ARCHITECTURES,
+          f"target.architecture={spec.architecture!r}: use {', '.join(TARGET_ARCHITECTURES)}")
     for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
         v = getattr(spec, name)
@@ -249,7 +251,7 @@ def random_target_config(spec: TargetSpec):
             raise ValueError(f"target {spec.name}: qwen2 needs head_dim * num_attention_heads == hidden_size "
                              f"({spec.head_dim} * {spec.num_attention_heads} != {spec.hidden_size})")
         return Qwen2Config(**{k: v for k, v in common.items() if k != "head_dim"})
-    raise ValueError(f"target.architecture={spec.architecture!r}: use qwen3, qwen2 or llama")
+    raise ValueError(f"target.architecture={spec.architecture!r}: use {', '.join(TARGET_ARCHITECTURES)}")
 
 
 def gguf_path(spec: TargetSpec) -> Path:

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from dflash2 import demo
-from dflash2.runconfig import configs_dir
+from dflash2.runconfig import TARGET_ARCHITECTURES, check_shared_specs, check_target_spec, configs_dir
 
 
 @pytest.mark.parametrize("cuda, installed, want", [
@@ -43,6 +43,21 @@ def test_the_gpu_preset_composes_with_the_qwen_target(entry, schema):
     assert (target.name, target.source, target.path) == (
         "qwen2.5-coder-1.5b", "gguf", f"asset:{demo.QWEN_ASSET}")
     assert Path(configs_dir() / "target" / f"{demo.SMALL_TARGET}.yaml").is_file()
+    check_shared_specs(OmegaConf.to_object(cfg))  # the entry points' own checks accept it (qwen2)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (configs_dir() / "target").glob("*.yaml")))
+def test_every_target_config_passes_the_entry_points_checks(name):
+    """A target preset that the checks refuse (as `architecture: qwen2` once was) is unusable from
+    `train/distill.py`, `eval/run.py` and `make demo`, whatever the loading code supports."""
+    from dflash2.training.config import register_distill_schema
+
+    register_distill_schema()
+    with initialize_config_dir(config_dir=str(configs_dir() / "distill"), version_base=None):
+        cfg = compose("distill", overrides=[f"target={name}"])
+    spec = OmegaConf.to_object(cfg).target
+    assert spec.name == name and spec.architecture in TARGET_ARCHITECTURES
+    check_target_spec(spec)
 
 
 def test_an_unknown_target_is_refused_before_any_work(tmp_path):
