@@ -175,6 +175,16 @@ def test_debug_flag_adds_the_traceback(workdir, tmp_path, monkeypatch, capsys):
     assert err.strip().splitlines()[-1] == "error: train.lr=-1.0: use a learning rate > 0"
 
 
+def test_data_too_small_for_one_batch_is_one_error_line(workdir, tmp_path, monkeypatch, capsys):
+    """Known only once the data is regenerated and packed, but still the user's to fix: one `error:`
+    line (after the regeneration's progress bar), status 2, no traceback."""
+    status, _, err = _run(DISTILL, "experiment=tiny_cpu", f"output_dir={tmp_path / 'run'}", "train.batch_size=4096",
+                          monkeypatch=monkeypatch, capsys=capsys)
+    assert status == 2 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "fewer than train.batch_size=4096" in last, last
+
+
 @pytest.mark.parametrize("override, match", [("+arms.extra=1", "arms.extra: unknown key"),
                                              ("max_new_tokens=0", "max_new_tokens=0: must be >= 1"),
                                              ("draft_path=/nonexistent/ckpt", "draft_path=/nonexistent/ckpt"),

@@ -47,6 +47,11 @@ class TrainingDivergedError(UserError, RuntimeError):
     fix (the entry points print it as one line)."""
 
 
+class TrainingSetupError(UserError, ValueError):
+    """The data or the process layout cannot make one optimizer step (too few sequences for the
+    batch, a batch that does not split over the processes); one line from the entry points."""
+
+
 def resume_message(out_dir: Path, ckpt: Path | None) -> str:
     """What `resume=true` found: the checkpoint and step it continues from, or that no usable
     checkpoint exists (the run starts at step 0); each torn checkpoint skipped is named."""
@@ -230,12 +235,12 @@ class Distiller:
         n = len(data.train)
         self.world = accelerator.num_processes
         if self.tc.batch_size % (self.world * self.tc.grad_accum):
-            raise ValueError(f"train.batch_size={self.tc.batch_size} must divide into {self.world} processes x "
+            raise TrainingSetupError(f"train.batch_size={self.tc.batch_size} must divide into {self.world} processes x "
                              f"train.grad_accum={self.tc.grad_accum} micro-batches")
         self.micro = self.tc.batch_size // (self.world * self.tc.grad_accum)
         self.steps_per_epoch = n // self.tc.batch_size
         if self.steps_per_epoch == 0:
-            raise ValueError(f"{n} training sequences is fewer than train.batch_size={self.tc.batch_size}; "
+            raise TrainingSetupError(f"{n} training sequences is fewer than train.batch_size={self.tc.batch_size}; "
                              "lower the batch size or add data")
         self.total_steps = self.tc.max_steps or self.tc.epochs * self.steps_per_epoch
 
