@@ -235,13 +235,13 @@ class Distiller:
         n = len(data.train)
         self.world = accelerator.num_processes
         if self.tc.batch_size % (self.world * self.tc.grad_accum):
-            raise TrainingSetupError(f"train.batch_size={self.tc.batch_size} must divide into {self.world} processes x "
-                             f"train.grad_accum={self.tc.grad_accum} micro-batches")
+            raise TrainingSetupError(f"train.batch_size={self.tc.batch_size} must divide into {self.world} "
+                                     f"processes x train.grad_accum={self.tc.grad_accum} micro-batches")
         self.micro = self.tc.batch_size // (self.world * self.tc.grad_accum)
         self.steps_per_epoch = n // self.tc.batch_size
         if self.steps_per_epoch == 0:
-            raise TrainingSetupError(f"{n} training sequences is fewer than train.batch_size={self.tc.batch_size}; "
-                             "lower the batch size or add data")
+            raise TrainingSetupError(f"{n} training sequences is fewer than train.batch_size="
+                                     f"{self.tc.batch_size}; lower the batch size or add data")
         self.total_steps = self.tc.max_steps or self.tc.epochs * self.steps_per_epoch
 
         self.start_step, resume_state = 0, None
