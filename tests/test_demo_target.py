@@ -29,16 +29,23 @@ def test_both_commands_run_on_the_chosen_target(tmp_path):
     assert f"draft_path={tmp_path / 'distill' / 'final'}" in evaluate
 
 
-@pytest.mark.parametrize("entry, schema", [("distill", "dflash2.training.config:register_distill_schema"),
-                                           ("eval", "dflash2.evaluation.config:register_eval_schema")])
-def test_the_gpu_preset_composes_with_the_qwen_target(entry, schema):
-    """The command-line `target=` wins over the preset's `override /target: smollm2-135m`."""
+DISTILL_SCHEMA, EVAL_SCHEMA = ("dflash2.training.config:register_distill_schema",
+                               "dflash2.evaluation.config:register_eval_schema")
+
+
+@pytest.mark.parametrize("entry, schema, preset", [
+    ("distill", DISTILL_SCHEMA, "quickstart_gpu"), ("eval", EVAL_SCHEMA, "quickstart_gpu"),
+    ("distill", DISTILL_SCHEMA, "smollm2_mathcode_gpu"), ("eval", EVAL_SCHEMA, "smollm2_exact_gpu"),
+])
+def test_the_gpu_preset_composes_with_the_qwen_target(entry, schema, preset):
+    """The command-line `target=` wins over the preset's `override /target: smollm2-135m` (the demo's
+    presets, and the exact-mode drafters and evaluation run on the Qwen target)."""
     import importlib
 
     module, fn = schema.split(":")
     getattr(importlib.import_module(module), fn)()
     with initialize_config_dir(config_dir=str(configs_dir() / entry), version_base=None):
-        cfg = compose(entry, overrides=["experiment=quickstart_gpu", f"target={demo.QWEN_TARGET}"])
+        cfg = compose(entry, overrides=[f"experiment={preset}", f"target={demo.QWEN_TARGET}"])
     target = OmegaConf.to_object(cfg).target
     assert (target.name, target.source, target.path) == (
         "qwen2.5-coder-1.5b", "gguf", f"asset:{demo.QWEN_ASSET}")
