@@ -4,9 +4,11 @@ A device call carries the checkout plus at most 64 MiB of extra files, and a war
 /tmp between back-to-back calls (the checkout itself is re-synced). So a file too large for one
 call travels in parts, one or more per call, parked under /tmp/carry/<name>/ until all are there:
 
-    python scripts/carry.py split FILE [--part-size 48MiB] [--out .carry]
+    python scripts/carry.py split FILE [--part-size auto | 40MiB] [--out .carry]
         -> .carry/<name>/manifest.json + <name>.part000, .part001, ...  (total size, SHA-256 of the
-           whole file and of each part); carry manifest.json and one part per call
+           whole file and of each part); carry manifest.json and one part per call. `auto` (the
+           default) makes each part as large as a call allows beside what travels anyway (the
+           checkout's tracked and untracked-not-ignored files, and a shared/ folder in it)
     python scripts/carry.py park .carry/<name> [--to /tmp/carry]      (on the device, each call)
         -> copies the parts this call brought to /tmp/carry/<name>/, checking each; says which are
            still missing
@@ -43,7 +45,9 @@ import tempfile
 from pathlib import Path
 
 MIB = 1 << 20
-DEFAULT_PART_SIZE = 48 * MIB  # a 64 MiB call with room for the checkout
+CALL_LIMIT = 64 * MIB    # what one device call carries: the checkout, shared/ and the carried paths
+CALL_MARGIN = 1 * MIB    # room for the manifest and files that change between split and call
+DEFAULT_PART_SIZE = 48 * MIB
 DEVICE_PYTHON = "3.12"
 MANYLINUX = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
@@ -68,6 +72,31 @@ def parse_size(text: str) -> int:
     if not m or int(m.group(1)) == 0:
         raise CarryError(f"part size {text!r}: use a positive number with KiB, MiB or GiB (e.g. 48MiB)")
     return int(m.group(1)) * {"KiB": 1 << 10, "MiB": MIB, "GiB": 1 << 30, "B": 1, None: 1}[m.group(2)]
+
+
+def travelling_bytes(repo: Path) -> int:
+    """Bytes that every device call from the checkout `repo` carries before any carried path: its
+    tracked and untracked-not-ignored files (as they are on disk) and a `shared/` folder in it."""
+    repo = Path(repo)
+    try:
+        listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise CarryError(f"{repo}: not a git checkout ({e}); pass --part-size with a size") from None
+    files = {repo / name for name in listed.decode().split("\0") if name}
+    if (repo / "shared").is_dir():
+        files |= {f for f in (repo / "shared").rglob("*") if f.is_file()}
+    return sum(f.stat().st_size for f in files if f.is_file() and not f.is_symlink())
+
+
+def auto_part_size(repo: Path, limit: int = CALL_LIMIT, margin: int = CALL_MARGIN) -> int:
+    """The largest whole-MiB part that fits one call beside `travelling_bytes(repo)`; raises
+    CarryError when less than 1 MiB is left."""
+    room = (limit - margin - travelling_bytes(repo)) // MIB * MIB
+    if room < MIB:
+        raise CarryError(f"{repo}: what travels with every call leaves {max(room, 0)} bytes of the {limit // MIB} "
+                         "MiB; shrink the checkout or pass --part-size")
+    return room
 
 
 def split(path: Path, out_root: Path, part_size: int = DEFAULT_PART_SIZE) -> Path:
@@ -218,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("split", help="split FILE into checked parts + manifest")
     s.add_argument("file", type=Path)
-    s.add_argument("--part-size", default="48MiB", help="bytes per part (default 48MiB)")
+    s.add_argument("--part-size", default="auto",
+                   help="bytes per part, e.g. 40MiB; auto (default): what a 64 MiB call leaves beside this checkout")
     s.add_argument("--out", type=Path, default=Path(".carry"), help="parts go to OUT/<name>/ (default .carry)")
     p = sub.add_parser("park", help="on the device: copy this call's parts to /tmp/carry/<name>/")
     p.add_argument("parts_dir", type=Path)
@@ -240,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "split":
-            d = split(args.file, args.out, parse_size(args.part_size))
+            size = auto_part_size(Path.cwd()) if args.part_size == "auto" else parse_size(args.part_size)
+            d = split(args.file, args.out, size)
             m = read_manifest(d)
             print(f"{d}: {len(m['parts'])} parts of <= {m['part_size']} bytes, {m['size']} bytes, sha256 {m['sha256']}")
         elif args.cmd == "park":

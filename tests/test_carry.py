@@ -107,3 +107,46 @@ def test_wheels_commands(carry, tmp_path):
     (tmp_path / "Hydra.Core-1.3.1-py3-none-any.whl").unlink()
     cmd = carry.install_command(tmp_path, Path("/tmp/site"))
     assert cmd[cmd.index("--target") + 1] == "/tmp/site" and "--no-index" in cmd and len(cmd) == 14
+
+
+def _checkout(root: Path) -> Path:
+    """A git checkout with 1000 tracked bytes, 500 untracked, 700 ignored, and a 300-byte shared/
+    folder that .gitignore also ignores (the device tool carries shared/ all the same)."""
+    root.mkdir()
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / ".gitignore").write_text("ignored.bin\n/shared/\n")
+    (root / "tracked.bin").write_bytes(b"t" * 1000)
+    subprocess.run(["git", "-C", str(root), "add", ".gitignore", "tracked.bin"], check=True)
+    (root / "untracked.bin").write_bytes(b"u" * 500)
+    (root / "ignored.bin").write_bytes(b"i" * 700)
+    (root / "shared" / "data").mkdir(parents=True)
+    (root / "shared" / "data" / "x.jsonl").write_bytes(b"s" * 300)
+    return root
+
+
+def test_travelling_bytes_counts_what_a_device_call_carries(carry, tmp_path):
+    repo = _checkout(tmp_path / "repo")
+    gitignore = len((repo / ".gitignore").read_bytes())
+    assert carry.travelling_bytes(repo) == 1000 + 500 + 300 + gitignore   # not ignored.bin
+    (repo / "shared" / "data" / "x.jsonl").unlink()
+    assert carry.travelling_bytes(repo) == 1000 + 500 + gitignore
+    with pytest.raises(carry.CarryError, match="not a git checkout"):
+        carry.travelling_bytes(tmp_path)
+
+
+def test_auto_part_size_fills_the_call_beside_the_checkout(carry, tmp_path):
+    repo = _checkout(tmp_path / "repo")
+    (repo / "untracked.bin").write_bytes(b"u" * (3 * carry.MIB + 5))            # the checkout is now ~3 MiB
+    mib = carry.MIB
+    assert carry.auto_part_size(repo, limit=10 * mib, margin=mib) == 5 * mib     # 10 - 1 - 3.x, whole MiB down
+    with pytest.raises(carry.CarryError, match="leaves 0 bytes of the 4 MiB"):
+        carry.auto_part_size(repo, limit=4 * mib, margin=mib)
+
+
+def test_split_auto_from_the_checkout_root(tmp_path, blob):
+    repo = _checkout(tmp_path / "repo")
+    r = subprocess.run([sys.executable, str(SCRIPT), "split", str(blob), "--out", str(tmp_path / "c")], cwd=repo,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "c" / "model.gguf" / "manifest.json").read_text())
+    assert m["part_size"] == 62 << 20 and len(m["parts"]) == 1 and "1 parts" in r.stdout
