@@ -153,6 +153,61 @@ def test_exact_mode_speculative_equals_exact_ar_and_rows_alone():
     assert alone.sequences[0].tolist() == refs[1] and alone.accepted[0] == spec.accepted[1]
 
 
+def _interpreter_or_skip() -> None:
+    pytest.importorskip("triton")
+    from dflash2.kernels.dispatch import triton_interpreter_enabled
+
+    if not triton_interpreter_enabled():
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py on machines without CUDA)")
+
+
+def test_fused_small_m_linears_keep_the_qkv_biases(monkeypatch):
+    """Exact mode's routing (`SmallMLinearMode`, every row count, q/k/v and gate/up fused) on a
+    Qwen2 target: the fused q/k/v launch carries the three biases, and the logits equal the stock
+    model's, where dropping the biases would move them by far more than the tolerance."""
+    _interpreter_or_skip()
+    import dflash2.kernels.linear as lin
+
+    model = copy.deepcopy(qwen2_target()).float()
+    no_bias = copy.deepcopy(model)
+    for layer in no_bias.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            proj.bias.data.zero_()
+    ids = torch.stack(random_prompts(3, seed=4)[:1] * 2)[:, :6]     # 2 rows x 6 tokens = 12 rows
+    launches = []
+    real = lin._small_m_linear_triton
+    monkeypatch.setattr(lin, "_small_m_linear_triton",
+                        lambda x, w, b, *a: launches.append((isinstance(w, tuple) and len(w), b)) or real(x, w, b, *a))
+    with torch.no_grad():
+        ref, ref_no_bias = model(ids).logits, no_bias(ids).logits
+        with lin.SmallMLinearMode("triton", "cpu", max_rows=None, fused=lin.fusable_groups(model)):
+            out = model(ids).logits
+    qkv = [b for width, b in launches if width == 3]
+    assert len(qkv) == model.config.num_hidden_layers and all(b is not None and b.numel() == 64 + 2 * 32 for b in qkv)
+    scale = ref.abs().max().item()
+    assert (out - ref).abs().max().item() <= 1e-4 * scale
+    assert (ref_no_bias - ref).abs().max().item() > 1e-2 * scale  # the check would see a dropped bias
+
+
+def test_invariant_exact_mode_on_a_qwen2_target():
+    """The `invariant` path (the H200's exact mode) under Triton's interpreter, end to end on a
+    Qwen2 target: the exact AR output equals transformers' greedy one, each row alone equals its
+    batch row, and an accepting speculative run equals the exact AR run."""
+    _interpreter_or_skip()
+    model = copy.deepcopy(qwen2_target(head_scale=4.0)).float()
+    rows = random_prompts(2, seed=3)
+    kw = dict(max_new_tokens=5, exact=True, exact_block_size=8, exact_impl="invariant")
+    ar = speculative_generate(model, None, rows, **kw)
+    assert [s.tolist() for s in ar.sequences] == [hf_greedy(model, p, 5).tolist() for p in rows]
+    alone = speculative_generate(model, None, [rows[1]], **kw)
+    assert alone.sequences[0].tolist() == ar.sequences[1].tolist()
+    refs = [s.tolist() for s in ar.sequences]
+    oracle = OracleProposer(refs, seeds=[0, 1], block_size=8, accept_prob=0.9, vocab_size=VOCAB)
+    spec = speculative_generate(model, oracle, rows, num_speculative_tokens=3, **kw)
+    assert sum(map(sum, spec.accepted)) / sum(map(len, spec.accepted)) >= 1.0  # it really accepts
+    assert [s.tolist() for s in spec.sequences] == refs
+
+
 def test_new_draft_mirrors_a_qwen2_target():
     """Qwen2's config has no head_dim attribute: the drafter derives it; the RoPE base is copied."""
     target = TargetModel(copy.deepcopy(qwen2_target()).float())
