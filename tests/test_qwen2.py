@@ -168,7 +168,7 @@ def test_fused_small_m_linears_keep_the_qkv_biases(monkeypatch):
     _interpreter_or_skip()
     import dflash2.kernels.linear as lin
 
-    model = copy.deepcopy(qwen2_target()).float()
+    model = qwen2_target.__wrapped__().float()  # a fresh model: the cached one carries engine state
     no_bias = copy.deepcopy(model)
     for layer in no_bias.model.layers:
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
@@ -194,7 +194,7 @@ def test_invariant_exact_mode_on_a_qwen2_target():
     Qwen2 target: the exact AR output equals transformers' greedy one, each row alone equals its
     batch row, and an accepting speculative run equals the exact AR run."""
     _interpreter_or_skip()
-    model = copy.deepcopy(qwen2_target(head_scale=4.0)).float()
+    model = qwen2_target.__wrapped__(head_scale=4.0).float()  # fresh, as above
     rows = random_prompts(2, seed=3)
     kw = dict(max_new_tokens=5, exact=True, exact_block_size=8, exact_impl="invariant")
     ar = speculative_generate(model, None, rows, **kw)
