@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import dflash2
@@ -12,6 +13,21 @@ from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
 def test_public_names():
     assert {"DFlash2Config", "DFlash2DraftModel", "TargetModel", "speculative_generate"} <= set(dflash2.__all__)
     assert DFlash2Config is DFlash2DraftModel.config_class
+
+
+def test_the_records_layer_imports_no_model_code():
+    """`eval/report.py --same-tokens` compares two JSONL files: importing the package and its
+    records layer loads neither transformers nor the model code (the public names load on use)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, dflash2.evaluation.records, dflash2.evaluation.sharding; "
+            "print(sorted(m for m in ('transformers', 'dflash2.config', 'dflash2.modeling', 'dflash2.engine') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        dflash2.Nope  # noqa: B018
 
 
 def test_spec_generate_wrapper_equals_autoregressive():
