@@ -47,7 +47,6 @@ from pathlib import Path
 MIB = 1 << 20
 CALL_LIMIT = 64 * MIB    # what one device call carries: the checkout, shared/ and the carried paths
 CALL_MARGIN = 1 * MIB    # room for the manifest and files that change between split and call
-DEFAULT_PART_SIZE = 48 * MIB
 DEVICE_PYTHON = "3.12"
 MANYLINUX = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
@@ -99,9 +98,10 @@ def auto_part_size(repo: Path, limit: int = CALL_LIMIT, margin: int = CALL_MARGI
     return room
 
 
-def split(path: Path, out_root: Path, part_size: int = DEFAULT_PART_SIZE) -> Path:
-    """Split `path` into parts of `part_size` bytes (the last one shorter) under
-    `out_root/<name>/`, with a manifest. Returns that directory. Refuses an existing one."""
+def split(path: Path, out_root: Path, part_size: int) -> Path:
+    """Split `path` into parts of `part_size` bytes (the last one shorter; `auto_part_size` gives
+    the most one device call carries) under `out_root/<name>/`, with a manifest. Returns that
+    directory. Refuses an existing one."""
     path = Path(path)
     if not path.is_file():
         raise CarryError(f"{path}: no such file")
