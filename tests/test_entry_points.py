@@ -183,6 +183,13 @@ def test_data_too_small_for_one_batch_is_one_error_line(workdir, tmp_path, monke
     assert status == 2 and "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and "fewer than train.batch_size=4096" in last, last
+    answers = tmp_path / "run" / "data" / "regenerated.jsonl"
+    kept = answers.read_bytes()
+    assert "resume=true" in last and kept  # the regenerated answers stay, as the message says
+    status, _, err = _run(DISTILL, "experiment=tiny_cpu", f"output_dir={tmp_path / 'run'}", "train.batch_size=4",
+                          "train.max_steps=1", "resume=true", monkeypatch=monkeypatch, capsys=capsys)
+    assert status == 0, err
+    assert answers.read_bytes() == kept  # reused, not regenerated again
 
 
 @pytest.mark.parametrize("override, match", [("+arms.extra=1", "arms.extra: unknown key"),

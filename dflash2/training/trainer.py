@@ -241,7 +241,8 @@ class Distiller:
         self.steps_per_epoch = n // self.tc.batch_size
         if self.steps_per_epoch == 0:
             raise TrainingSetupError(f"{n} training sequences is fewer than train.batch_size="
-                                     f"{self.tc.batch_size}; lower the batch size or add data")
+                                     f"{self.tc.batch_size}; lower the batch size or add data (answers "
+                                     f"already regenerated in {out_dir} are reused with resume=true)")
         self.total_steps = self.tc.max_steps or self.tc.epochs * self.steps_per_epoch
 
         self.start_step, resume_state = 0, None
