@@ -16,14 +16,15 @@ def test_public_names():
 
 
 def test_the_records_layer_imports_no_model_code():
-    """`eval/report.py --same-tokens` compares two JSONL files: importing the package and its
-    records layer loads neither transformers nor the model code (the public names load on use)."""
+    """`eval/report.py --same-tokens` compares two JSONL files: importing the package, its records
+    layer and the run comparison loads neither torch, transformers nor the model code (the public
+    names and `init_shard`'s torch load on use)."""
     import subprocess
     import sys
 
     code = ("import sys, dflash2.evaluation.records, dflash2.evaluation.sharding; "
-            "print(sorted(m for m in ('transformers', 'dflash2.config', 'dflash2.modeling', 'dflash2.engine') "
-            "if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'transformers', 'dflash2.config', 'dflash2.modeling', "
+            "'dflash2.engine') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):

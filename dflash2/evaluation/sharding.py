@@ -29,12 +29,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dflash2.evaluation.records import RECORDS, dedupe, read_records
 from dflash2.jsonl import rewrite_jsonl
+
+if TYPE_CHECKING:  # torch loads in init_shard: comparing and merging record files needs none of it
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ def init_shard(hardware) -> Shard:
     Returns:
         the `Shard` of this process.
     """
+    import torch
     from accelerate import PartialState
 
     from dflash2.runconfig import resolve_device
