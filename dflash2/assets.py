@@ -173,7 +173,8 @@ def _marker(path: Path) -> Path:
     return path.with_name(path.name + ".sha256.json")
 
 
-def _stamp(path: Path) -> dict[str, int]:
+def file_stamp(path: Path) -> dict[str, int]:
+    """The (size, mtime) stamp by which a marker trusts a file without rehashing it."""
     st = path.stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
@@ -196,13 +197,13 @@ def _trusted(asset: SplitGGUF, path: Path, verify: bool) -> bool:
         marker = json.loads(_marker(path).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("sha256") == asset.sha256 and marker.get("stamp") == _stamp(path)
+    return marker.get("sha256") == asset.sha256 and marker.get("stamp") == file_stamp(path)
 
 
 def _write_marker(asset: SplitGGUF, path: Path) -> None:
     """Write the digest marker atomically; a read-only cache keeps its file unmarked (later loads
     then rehash it, which is slower but still checked)."""
-    text = json.dumps({"asset": asset.name, "sha256": asset.sha256, "stamp": _stamp(path)}, sort_keys=True)
+    text = json.dumps({"asset": asset.name, "sha256": asset.sha256, "stamp": file_stamp(path)}, sort_keys=True)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".marker-")
     except OSError:

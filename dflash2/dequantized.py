@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from dflash2.assets import file_stamp
+
 MARKER = "dequantized.json"
 
 
@@ -41,8 +43,7 @@ def copy_dir(gguf: Path, dtype: torch.dtype) -> Path:
 
 
 def _stamp(gguf: Path) -> dict:
-    st = gguf.stat()
-    return {"gguf": gguf.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"gguf": gguf.name, **file_stamp(gguf)}
 
 
 def is_current(gguf: Path, dtype: torch.dtype) -> bool:

@@ -271,6 +271,17 @@ def gguf_path(spec: TargetSpec) -> Path:
     return directory / name
 
 
+def gguf_load_path(spec: TargetSpec) -> Path:
+    """What a `source=gguf` target loads from: its GGUF file, or with `target.dequantized_cache`
+    the checked dequantized copy beside it (a directory, written on first use)."""
+    path = gguf_path(spec)
+    if spec.dequantized_cache:
+        from dflash2.dequantized import dequantized_copy
+
+        return dequantized_copy(path, _dtype(spec.dtype))
+    return path
+
+
 def load_tokenizer(spec: TargetSpec):
     """The tokenizer named by `spec.tokenizer` (see `TargetSpec`)."""
     from transformers import AutoTokenizer
@@ -282,11 +293,9 @@ def load_tokenizer(spec: TargetSpec):
     if spec.tokenizer is not None:
         return AutoTokenizer.from_pretrained(spec.tokenizer)
     if spec.source == "gguf":
-        path = gguf_path(spec)
-        if spec.dequantized_cache:
-            from dflash2.dequantized import dequantized_copy
-
-            return AutoTokenizer.from_pretrained(str(dequantized_copy(path, _dtype(spec.dtype))))
+        path = gguf_load_path(spec)
+        if path.is_dir():
+            return AutoTokenizer.from_pretrained(str(path))
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     if spec.source == "hub":
         return AutoTokenizer.from_pretrained(spec.path)
@@ -305,12 +314,7 @@ def load_target(spec: TargetSpec, device: torch.device | str = "cpu"):
         model = AutoModelForCausalLM.from_config(random_target_config(spec), dtype=dtype)
         target = TargetModel(model.to(device).eval())
     elif spec.source == "gguf":
-        path = gguf_path(spec)
-        if spec.dequantized_cache:
-            from dflash2.dequantized import dequantized_copy
-
-            path = dequantized_copy(path, dtype)
-        target = TargetModel.from_pretrained(path, dtype=dtype, device=device)
+        target = TargetModel.from_pretrained(gguf_load_path(spec), dtype=dtype, device=device)
     elif spec.source == "hub":
         if not spec.path:
             raise ValueError(f"target {spec.name}: source=hub needs target.path (a hub id or a local directory)")
