@@ -208,7 +208,7 @@ class StaticTargetCache(Cache):
         b, q = pos.shape
         if split_keys is not None:
             tile = q if tile_queries is None else int(tile_queries)
-            if q > tile or not kernel_fits(*self.heads[:2], tile, self.heads[2]):
+            if q > tile or not kernel_fits(*self.heads[:2], tile, self.heads[2], head_groups=True):
                 raise ValueError(f"split_keys needs the Triton row-attention kernel, which does not take "
                                  f"{self.heads[0]}/{self.heads[1]} heads x {q} queries (tile {tile}) x head_dim "
                                  f"{self.heads[2]}")

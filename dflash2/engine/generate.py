@@ -67,7 +67,8 @@ reduction order, any row count), attention through the row-attention kernel with
 fixed absolute slots (`EXACT_SPLIT_KEYS`) and a query tile fixed by `exact_block_size`
 (`tile_queries`, `dflash2.kernels.row_attention`), and the norms' mean through a per-row
 fixed-order reduction (`dflash2.kernels.row_mean`). `exact_block_size` is then the widest block
-the compared runs verify (the tile must hold it), not a padding. Elementwise kernels (RoPE, activations,
+the compared runs verify (the tile must hold it, at most 64 queries; a K/V head's query heads share
+the tile in head groups when they do not all fit), not a padding. Elementwise kernels (RoPE, activations,
 residuals, casts) and gathers are per element, so the same inputs give the same bits. Off by
 default (`exact=False`).
 """

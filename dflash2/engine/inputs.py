@@ -97,7 +97,7 @@ def resolve_exact_impl(exact_impl, exact: bool, tgt: TargetModel, width: int) ->
     heads, kv_heads, head_dim = attention_heads(tgt.config)
     unavailable = invariant_unavailable(tgt.device)
     reasons = [f"it {unavailable}"] if unavailable else []
-    if not kernel_fits(heads, kv_heads, width, head_dim):
+    if not kernel_fits(heads, kv_heads, width, head_dim, head_groups=True):
         reasons.append(f"the row-attention kernel does not take {heads}/{kv_heads} heads x width {width} x "
                        f"head_dim {head_dim}")
     if exact_impl == "auto":

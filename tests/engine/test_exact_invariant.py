@@ -141,8 +141,43 @@ def test_exact_impl_is_resolved_and_checked(target):
         speculative_generate(target, None, PROMPTS, max_new_tokens=2, exact=True, exact_block_size=W,
                              exact_impl="fast")
     with pytest.raises(GenerateInputError, match="row-attention kernel does not take"):
-        speculative_generate(target, None, PROMPTS, max_new_tokens=2, exact=True, exact_block_size=64,
+        speculative_generate(target, None, PROMPTS, max_new_tokens=2, exact=True, exact_block_size=65,
                              exact_impl="invariant")
+
+
+def test_a_group_of_seven_heads_at_width_16():
+    """Qwen2.5-0.5B's attention layout (14 query / 2 K/V heads: 7 x 16 = 112 tile rows at a block-16
+    drafter's width) resolves to the invariant path, whose attention runs in head groups: greedy
+    speculative output at N = 15, which accepts, equals the exact AR output, and each row alone
+    equals its batch row."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from dflash2.engine.inputs import resolve_exact_impl
+
+    pytest.importorskip("triton")
+    from dflash2.kernels.dispatch import triton_interpreter_enabled
+
+    if not triton_interpreter_enabled():
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py on machines without CUDA)")
+    torch.manual_seed(1)
+    cfg = Qwen2Config(vocab_size=V, hidden_size=224, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096)
+    tgt = TargetModel(Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval())
+    width, prompts = 16, PROMPTS[:2]
+    assert resolve_exact_impl("invariant", True, tgt, width) == "invariant"
+
+    def run(drafter, rows, n=None):
+        return speculative_generate(tgt, drafter, rows, max_new_tokens=MAX_NEW, exact=True, exact_block_size=width,
+                                    exact_impl="invariant", num_speculative_tokens=n)
+
+    ar = run(None, prompts)
+    oracle = OracleProposer([s.tolist() for s in ar.sequences], seeds=[0, 1], block_size=width, accept_prob=0.9,
+                            vocab_size=V)
+    spec = run(oracle, prompts, width - 1)
+    assert sum(map(sum, spec.accepted)) / sum(map(len, spec.accepted)) >= 1.0
+    assert [s.tolist() for s in spec.sequences] == [s.tolist() for s in ar.sequences]
+    alone = run(None, prompts[1:])
+    assert torch.equal(alone.sequences[0], ar.sequences[1])
 
 
 def test_exact_mode_refuses_compile(target):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash2.kernels.row_attention import MAX_TILE_ROWS, _row_attention_triton, kernel_fits, row_attention, \
-    row_attention_reference, split_count
+from dflash2.kernels.row_attention import MAX_TILE_ROWS, _row_attention_triton, head_group, kernel_fits, \
+    row_attention, row_attention_reference, split_count
 
 
 def _explicit(q, k, v, pos, window):
@@ -245,8 +245,8 @@ def test_tile_queries_makes_a_query_independent_of_the_block_width(triton_device
     assert (block - ref).abs().max() < 1e-5
     with pytest.raises(ValueError, match="tile_queries=2: must hold the block's 4 queries"):
         row_attention(q, k, v, pos, impl="triton", split_keys=64, tile_queries=2)
-    with pytest.raises(ValueError, match="tile_queries=17"):
-        row_attention(q, k, v, pos, impl="triton", split_keys=64, tile_queries=MAX_TILE_ROWS // 4 + 1)
+    with pytest.raises(ValueError, match=f"tile_queries={MAX_TILE_ROWS + 1}"):
+        row_attention(q, k, v, pos, impl="triton", split_keys=64, tile_queries=MAX_TILE_ROWS + 1)
 
 
 @pytest.mark.gpu
@@ -264,13 +264,58 @@ def test_tile_queries_bitwise_at_the_8b_layout(cuda_device):
     print(f"tile_queries control: {differ} of {nq} queries alone without the fixed tile differ from the block")
 
 
+@pytest.mark.gpu
+def test_head_groups_bitwise_at_the_qwen25_small_layout(cuda_device):
+    """Qwen2.5-0.5B attention (14 / 2 heads, hd 64) in bf16 at exact mode's 16-query tile, which
+    runs in head groups of 4 + 3: each query alone and every narrower block give the block's bits,
+    each of 8 rows alone its bits in the batch, and the result stays close to the reference."""
+    b, nh, nkv, nq, hd, kv = 8, 14, 2, 16, 64, 600
+    q, k, v, pos = _case(b, nh, nkv, nq, hd, kv, kv, cuda_device, torch.bfloat16)
+    block = _each_query_alone_equals_the_block(q, k, v, pos, 16, split_keys=256)
+    for r in range(b):
+        one = row_attention(q[r:r + 1], k[r:r + 1], v[r:r + 1], pos[r:r + 1], impl="triton", split_keys=256,
+                            tile_queries=16)
+        assert torch.equal(one, block[r:r + 1]), f"row {r}"
+    ref = row_attention_reference(q.float(), k.float(), v.float(), pos)
+    assert (block.float() - ref).abs().max() < 2e-2
+
+
 def test_limits_and_dispatch(triton_device):
-    q, k, v, pos = _case(1, 8, 1, 9, 16, 20, 20, triton_device)  # 8 x 9 = 72 tile rows
-    with pytest.raises(ValueError, match=f"> {MAX_TILE_ROWS}"):
+    q, k, v, pos = _case(1, 2, 1, MAX_TILE_ROWS + 1, 16, 80, 80, triton_device)  # a prompt, not a block
+    with pytest.raises(ValueError, match=f"> {MAX_TILE_ROWS} tile rows"):
         row_attention(q, k, v, pos, impl="triton")
     with pytest.raises(ValueError, match="resolved"):
         row_attention(q, k, v, pos, impl="auto")
     assert torch.equal(row_attention(q, k, v, pos, impl="torch"), row_attention_reference(q, k, v, pos))
+
+
+@pytest.mark.parametrize("nh, nkv, nq, tile", [
+    (14, 2, 16, 16),   # Qwen2.5-0.5B's group of 7 at a 16-token verify: groups of 4 + 3 heads
+    (12, 2, 16, 16),   # Qwen2.5-1.5B's group of 6: 4 + 2
+    (14, 2, 1, 16),    # the 0.5B's decode in the verify's tile
+    (8, 1, 9, 9),      # a group of 8 x 9 queries = 72 tile rows: 7 + 1
+])
+def test_head_groups_match_the_reference(nh, nkv, nq, tile, triton_device):
+    """A K/V head whose query heads x tile pass `MAX_TILE_ROWS` is split into head groups (the last
+    one partial), each its own program: the result is the reference's, with the default splits and
+    with fixed ones."""
+    assert (nh // nkv) * tile > MAX_TILE_ROWS and 0 < head_group(nh, nkv, tile) < nh // nkv
+    q, k, v, pos = _case(2, nh, nkv, nq, 16, 140, 130, triton_device)
+    ref = row_attention_reference(q, k, v, pos)
+    for kw in ({}, {"split_keys": 64, "tile_queries": tile}):
+        assert (row_attention(q, k, v, pos, impl="triton", **kw) - ref).abs().max() < 1e-5, kw
+
+
+def test_head_groups_keep_the_exact_guarantees(triton_device):
+    """Qwen2.5-0.5B's layout (14 / 2 heads) at exact mode's 16-query tile, in head groups: each query
+    alone and every narrower block give the block's bits, and each row alone gives its bits in the
+    batch."""
+    q, k, v, pos = _case(3, 14, 2, 16, 16, 150, 150, triton_device)
+    block = _each_query_alone_equals_the_block(q, k, v, pos, 16, split_keys=64)
+    for r in range(3):
+        one = row_attention(q[r:r + 1], k[r:r + 1], v[r:r + 1], pos[r:r + 1], impl="triton", split_keys=64,
+                            tile_queries=16)
+        assert torch.equal(one, block[r:r + 1]), f"row {r}"
 
 
 def test_split_count_fills_the_gpu_with_whole_blocks():
@@ -281,9 +326,15 @@ def test_split_count_fills_the_gpu_with_whole_blocks():
 
 def test_kernel_fits_matches_the_kernels_own_limits():
     """The engine routes a shape to the kernel only where the kernel takes it (the target's and the
-    draft's attention ask `kernel_fits`; the kernel raises on the rest)."""
+    draft's attention ask `kernel_fits`; the kernel raises on the rest). Without head groups the
+    whole group must fit one tile (the normal path); with them one head must (exact mode)."""
     assert kernel_fits(32, 8, 16, 128) and kernel_fits(4, 2, 1, 16)
     assert not kernel_fits(32, 8, 17, 128)   # 4 x 17 = 68 tile rows
     assert not kernel_fits(8, 2, 4, 24)      # head_dim not a power of two
     assert not kernel_fits(8, 2, 4, 8)       # head_dim below 16
     assert not kernel_fits(6, 4, 1, 16)      # heads not a multiple of K/V heads
+    assert not kernel_fits(14, 2, 16, 64) and kernel_fits(14, 2, 16, 64, head_groups=True)  # 7 x 16 = 112
+    assert kernel_fits(32, 8, 64, 128, head_groups=True) and not kernel_fits(32, 8, 65, 128, head_groups=True)
+    assert not kernel_fits(6, 4, 1, 16, head_groups=True)
+    assert head_group(32, 8, 16) == 4 and head_group(14, 2, 16) == 4 and head_group(14, 2, 8) == 7
+    assert head_group(12, 2, 16) == 4 and head_group(8, 1, 65) == 0

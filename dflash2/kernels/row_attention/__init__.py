@@ -20,7 +20,8 @@ try:
 except ImportError:  # triton missing: only impl="torch" works (resolve_impl says so)
     _tk = None
 
-__all__ = ["row_attention", "row_attention_reference", "visible_mask", "split_count", "kernel_fits", "MAX_TILE_ROWS"]
+__all__ = ["row_attention", "row_attention_reference", "visible_mask", "split_count", "kernel_fits", "head_group",
+           "MAX_TILE_ROWS"]
 
 MAX_TILE_ROWS = 64  # query heads per K/V head x queries: decode and verify blocks, not prompts
 _BLOCK_N = 64
@@ -35,12 +36,22 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def kernel_fits(heads: int, kv_heads: int, queries: int, head_dim: int) -> bool:
+def head_group(heads: int, kv_heads: int, tile: int) -> int:
+    """Query heads per program for a query tile of `tile` slots: the whole group of `heads /
+    kv_heads` when it fits `MAX_TILE_ROWS` tile rows, else as many as fit (0: not even one head)."""
+    g = heads // kv_heads
+    return g if g * tile <= MAX_TILE_ROWS else MAX_TILE_ROWS // tile
+
+
+def kernel_fits(heads: int, kv_heads: int, queries: int, head_dim: int, *, head_groups: bool = False) -> bool:
     """Whether the Triton kernel takes this shape: a tile of (query heads per K/V head) x queries
     of at most `MAX_TILE_ROWS` rows (decode / verify blocks, not prompts) and a power-of-two head
-    dimension of at least 16. Callers route other shapes to the reference."""
-    return (heads % kv_heads == 0 and (heads // kv_heads) * queries <= MAX_TILE_ROWS
-            and head_dim >= 16 and head_dim & (head_dim - 1) == 0)
+    dimension of at least 16. `head_groups=True`: the kernel may also split a K/V head's query
+    heads over programs (`head_group`), so one head x queries must fit (exact mode's invariant
+    path, where the query tile is the drafter's block). Callers route other shapes to the reference."""
+    g = heads // kv_heads if kv_heads and heads % kv_heads == 0 else 0
+    fits_tile = g * queries <= MAX_TILE_ROWS or (head_groups and queries <= MAX_TILE_ROWS)
+    return g > 0 and fits_tile and head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
 def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int = _BLOCK_N, programs: int = _PROGRAMS) -> int:
@@ -71,13 +82,16 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
     if hd < 16 or hd & (hd - 1):
         raise ValueError(f"head_dim {hd}: the Triton kernel needs a power of two >= 16; use impl='torch'")
     g = nh // nkv
-    if g * q > MAX_TILE_ROWS:
-        raise ValueError(f"{g} query heads per K/V head x {q} queries = {g * q} tile rows > {MAX_TILE_ROWS}: the "
-                         "Triton kernel is for decode / verify blocks; use impl='torch' for prompts")
-    if tile_queries is not None and not q <= tile_queries <= MAX_TILE_ROWS // g:
-        raise ValueError(f"tile_queries={tile_queries}: must hold the block's {q} queries and fit {g} query heads "
-                         f"per K/V head in {MAX_TILE_ROWS} tile rows")
-    m = max(16, _next_pow2(g * (q if tile_queries is None else tile_queries)))
+    if q > MAX_TILE_ROWS:
+        raise ValueError(f"{q} queries > {MAX_TILE_ROWS} tile rows: the Triton kernel is for decode / verify "
+                         "blocks; use impl='torch' for prompts")
+    if tile_queries is not None and not q <= tile_queries <= MAX_TILE_ROWS:
+        raise ValueError(f"tile_queries={tile_queries}: must hold the block's {q} queries and fit one query head "
+                         f"in {MAX_TILE_ROWS} tile rows")
+    tile = q if tile_queries is None else tile_queries
+    gc = head_group(nh, nkv, tile)
+    nch = -(-g // gc)
+    m = max(16, _next_pow2(gc * tile))
     if query.stride(-1) != 1:
         query = query.contiguous()
     if key.stride(-1) != 1 or value.stride(-1) != 1:
@@ -96,12 +110,12 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
         chunk = -(-chunk // block_n) * block_n
     splits = max(1, -(-kv // chunk))
     dev = query.device
-    acc = torch.empty(b * nkv * splits * m, hd, dtype=torch.float32, device=dev)
-    mx = torch.empty(b * nkv * splits * m, dtype=torch.float32, device=dev)
+    acc = torch.empty(b * nkv * nch * splits * m, hd, dtype=torch.float32, device=dev)
+    mx = torch.empty(b * nkv * nch * splits * m, dtype=torch.float32, device=dev)
     sm = torch.empty_like(mx)
     out = torch.empty(b, q, nh, hd, dtype=query.dtype, device=dev)
-    common = dict(NKV=nkv, G=g, Q=q, HD=hd, M=m, SPLITS=splits)
-    _tk._row_attn_split_kernel[(b * nkv, splits)](
+    common = dict(NKV=nkv, G=g, GC=gc, NCH=nch, Q=q, HD=hd, M=m, SPLITS=splits)
+    _tk._row_attn_split_kernel[(b * nkv * nch, splits)](
         query, key, value, pos, acc, mx, sm, kv, chunk, float(scale if scale is not None else hd ** -0.5),
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), pos.stride(0) if pos.shape[0] > 1 else 0, pos.stride(1),
@@ -109,7 +123,7 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
     merge_r, merge_d = min(merge_block[0], m), min(merge_block[1], hd)
     if merge_r <= 0 or merge_d <= 0 or merge_r & (merge_r - 1) or merge_d & (merge_d - 1):
         raise ValueError(f"merge_block={merge_block}: both must be positive powers of two")
-    _tk._row_attn_merge_kernel[(b * nkv, m // merge_r, hd // merge_d)](
+    _tk._row_attn_merge_kernel[(b * nkv * nch, m // merge_r, hd // merge_d)](
         acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2),
         FIXED_SPLITS=split_keys is not None, MERGE_R=merge_r, MERGE_D=merge_d, UNROLL=bool(merge_unroll),
         num_warps=4, **common)
@@ -140,11 +154,15 @@ def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p
             buffer gives the same bits). The torch path takes no splits: it checks the value and
             ignores it (SDPA promises no such invariance).
         tile_queries: None (default): the query tile holds the block's `q` queries. An int >= q
-            (at most `MAX_TILE_ROWS // (nh / nkv)`): the tile holds that many query slots whatever
+            (at most `MAX_TILE_ROWS`): the tile holds that many query slots whatever
             `q` is, the rest masked, so with `split_keys` a query's output also does not depend on
             `q` or on its slot in the block (each tile row runs the same products in the same
             order): a one-token decode gives the bits of the same token verified in a block of up
             to `tile_queries`. Triton path only; the torch path ignores it.
+    A K/V head's query heads share one tile while (nh / nkv) x tile fits `MAX_TILE_ROWS` rows; past
+    that they are split over programs, `head_group(nh, nkv, tile)` heads each. Which program and
+    tile row a query head gets depends only on nh, nkv and the tile, so the guarantees above hold
+    with the groups too, and a shape that fits one tile runs exactly the ops it ran without them.
     Returns:
         `[B, q, nh, hd]`.
     """

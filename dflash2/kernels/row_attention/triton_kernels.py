@@ -1,16 +1,18 @@
 # Per-row masked GQA attention over a static K/V cache, split over the keys (two launches).
 #
-# Stage 1, one program per (row b, K/V head h, key split s): the G = nh / nkv query heads of the
-# group and the Q queries of the block form M = G * Q tile rows (row r = head g * Q + query i),
-# so every key block is read once for the whole group. The keys of split s are walked in
-# BLOCK_N blocks with an online softmax (running max m, sum l, fp32 accumulator); key j is
-# visible to tile row r iff j <= pos[b, i] (and j > pos[b, i] - WINDOW with a window), and
-# blocks past the largest position of the row are skipped. The split's (m, l, acc) go to a
-# workspace. Stage 2, one program per (b, h, block of MERGE_R tile rows, block of MERGE_D head
-# dims): merge the splits' partials (acc = sum_s e^(m_s - m) acc_s, l likewise) and write
-# out[b, i, h * G + g, :] = acc / l. Each output element runs the same ops in the same order
-# whatever MERGE_R and MERGE_D are (the max over splits is exact; l and acc add split by split),
-# so the blocks only spread the merge over more programs: its bits do not depend on them.
+# Stage 1, one program per (row b, K/V head h, head group c, key split s): the GC query heads of
+# group c (heads c * GC .. c * GC + GC - 1 of the G = nh / nkv that share K/V head h; NCH = ceil(G
+# / GC) groups, one when the whole group fits the tile) and the Q queries of the block form GC * Q
+# tile rows of M (row r = local head g * Q + query i), so every key block is read once per group.
+# The keys of split s are walked in BLOCK_N blocks with an online softmax (running max m, sum l,
+# fp32 accumulator); key j is visible to tile row r iff j <= pos[b, i] (and j > pos[b, i] - WINDOW
+# with a window), and blocks past the largest position of the row are skipped. The split's (m, l,
+# acc) go to a workspace. Stage 2, one program per (b, h, c, block of MERGE_R tile rows, block of
+# MERGE_D head dims): merge the splits' partials (acc = sum_s e^(m_s - m) acc_s, l likewise) and
+# write out[b, i, h * G + c * GC + g, :] = acc / l (g the local head). Each output element runs the
+# same ops in the same order whatever MERGE_R and MERGE_D are (the max over splits is exact; l and
+# acc add split by split), so the blocks only spread the merge over more programs: its bits do not
+# depend on them.
 #
 # Fixed splits (FIXED_SPLITS; the host gives every split the same slot count from slot 0): the
 # merge adds the splits one by one in split order (a loop, no tree reduction), and a split in
@@ -28,17 +30,17 @@ def _row_attn_split_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, m_ptr, l_ptr,
     kv_len, chunk, scale,
     s_qb, s_qh, s_qi, s_kb, s_kh, s_kj, s_vb, s_vh, s_vj, s_pb, s_pi,
-    NKV: tl.constexpr, G: tl.constexpr, Q: tl.constexpr, HD: tl.constexpr, M: tl.constexpr,
-    SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
+    NKV: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, NCH: tl.constexpr, Q: tl.constexpr, HD: tl.constexpr,
+    M: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     s = tl.program_id(1)
-    b = pid // NKV
-    h = pid % NKV
+    b = pid // (NKV * NCH)
+    h = (pid // NCH) % NKV
     r = tl.arange(0, M)
-    g = r // Q
+    g = (pid % NCH) * GC + r // Q  # the query head within K/V head h's group
     i = r % Q
-    row_ok = r < G * Q
+    row_ok = (r < GC * Q) & (g < G)
     d = tl.arange(0, HD)
     pos = tl.load(pos_ptr + b * s_pb + i * s_pi, mask=row_ok, other=-1)  # [M] int64
     qt = tl.load(q_ptr + b * s_qb + (h * G + g)[:, None] * s_qh + i[:, None] * s_qi + d[None, :],
@@ -101,13 +103,13 @@ def _merge_one_split(acc_ptr, m_ptr, l_ptr, base, r, d, ref, l_all, acc,
 def _row_attn_merge_kernel(
     acc_ptr, m_ptr, l_ptr, out_ptr,
     s_ob, s_oi, s_oh,
-    NKV: tl.constexpr, G: tl.constexpr, Q: tl.constexpr, HD: tl.constexpr, M: tl.constexpr,
-    SPLITS: tl.constexpr, FIXED_SPLITS: tl.constexpr, MERGE_R: tl.constexpr, MERGE_D: tl.constexpr,
-    UNROLL: tl.constexpr,
+    NKV: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, NCH: tl.constexpr, Q: tl.constexpr, HD: tl.constexpr,
+    M: tl.constexpr, SPLITS: tl.constexpr, FIXED_SPLITS: tl.constexpr, MERGE_R: tl.constexpr,
+    MERGE_D: tl.constexpr, UNROLL: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    b = pid // NKV
-    h = pid % NKV
+    b = pid // (NKV * NCH)
+    h = (pid // NCH) % NKV
     r = tl.program_id(1) * MERGE_R + tl.arange(0, MERGE_R)
     d = tl.program_id(2) * MERGE_D + tl.arange(0, MERGE_D)
     m_all = tl.full([MERGE_R], float("-inf"), dtype=tl.float32)
@@ -128,8 +130,8 @@ def _row_attn_merge_kernel(
             l_all, acc = _merge_one_split(acc_ptr, m_ptr, l_ptr, (pid * SPLITS + s) * M, r, d, ref, l_all, acc,
                                           HD, FIXED_SPLITS)
     out = acc / tl.where(l_all > 0, l_all, 1.0)[:, None]  # a row with no visible key gives 0
-    g = r // Q
+    g = (pid % NCH) * GC + r // Q
     i = r % Q
-    row_ok = r < G * Q
+    row_ok = (r < GC * Q) & (g < G)
     tl.store(out_ptr + b * s_ob + i[:, None] * s_oi + (h * G + g)[:, None] * s_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
