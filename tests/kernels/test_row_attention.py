@@ -307,15 +307,19 @@ def test_head_groups_match_the_reference(nh, nkv, nq, tile, triton_device):
 
 
 def test_head_groups_keep_the_exact_guarantees(triton_device):
-    """Qwen2.5-0.5B's layout (14 / 2 heads) at exact mode's 16-query tile, in head groups: each query
-    alone and every narrower block give the block's bits, and each row alone gives its bits in the
-    batch."""
-    q, k, v, pos = _case(3, 14, 2, 16, 16, 150, 150, triton_device)
-    block = _each_query_alone_equals_the_block(q, k, v, pos, 16, split_keys=64)
-    for r in range(3):
-        one = row_attention(q[r:r + 1], k[r:r + 1], v[r:r + 1], pos[r:r + 1], impl="triton", split_keys=64,
-                            tile_queries=16)
-        assert torch.equal(one, block[r:r + 1]), f"row {r}"
+    """Qwen2.5-0.5B's layout (14 / 2 heads) at exact mode's 16-query tile, in head groups: queries
+    alone (first, middle, last) and narrower blocks give the block's bits, and each row alone gives
+    its bits in the batch."""
+    q, k, v, pos = _case(2, 14, 2, 16, 16, 100, 100, triton_device)
+    kw = dict(impl="triton", split_keys=64, tile_queries=16)
+    block = row_attention(q, k, v, pos, **kw)
+    for i in (0, 7, 15):
+        assert torch.equal(row_attention(q[:, :, i:i + 1], k, v, pos[:, i:i + 1], **kw)[:, 0], block[:, i]), i
+    for w in (1, 9):
+        assert torch.equal(row_attention(q[:, :, :w], k, v, pos[:, :w], **kw), block[:, :w]), f"width {w}"
+    for r in range(2):
+        assert torch.equal(row_attention(q[r:r + 1], k[r:r + 1], v[r:r + 1], pos[r:r + 1], **kw), block[r:r + 1]), r
+    assert (block - row_attention_reference(q, k, v, pos)).abs().max() < 1e-5
 
 
 def test_split_count_fills_the_gpu_with_whole_blocks():
