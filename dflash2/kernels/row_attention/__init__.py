@@ -49,9 +49,10 @@ def kernel_fits(heads: int, kv_heads: int, queries: int, head_dim: int, *, head_
     dimension of at least 16. `head_groups=True`: the kernel may also split a K/V head's query
     heads over programs (`head_group`), so one head x queries must fit (exact mode's invariant
     path, where the query tile is the drafter's block). Callers route other shapes to the reference."""
-    g = heads // kv_heads if kv_heads and heads % kv_heads == 0 else 0
-    fits_tile = g * queries <= MAX_TILE_ROWS or (head_groups and queries <= MAX_TILE_ROWS)
-    return g > 0 and fits_tile and head_dim >= 16 and head_dim & (head_dim - 1) == 0
+    if heads <= 0 or kv_heads <= 0 or heads % kv_heads or head_dim < 16 or head_dim & (head_dim - 1):
+        return False
+    per_program = head_group(heads, kv_heads, queries)
+    return per_program == heads // kv_heads or (head_groups and per_program > 0)
 
 
 def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int = _BLOCK_N, programs: int = _PROGRAMS) -> int:
