@@ -1,6 +1,9 @@
-"""Models shared by the GPU tests of the graph and compiled paths."""
+"""Models and small tools shared by the GPU tests."""
 
 from __future__ import annotations
+
+import json
+import os
 
 import torch
 
@@ -18,3 +21,26 @@ def small_cuda_models(vocab: int):
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, vocab - 1, (n,), generator=gen).cuda() for n in (5, 17, 9, 30)]
     return target, draft, prompts
+
+
+def departures(a, b) -> list[int]:
+    """Per row of two `GenerateOutput`s, the first differing position of the sequences (-1 = identical)."""
+    out = []
+    for x, y in zip(a.sequences, b.sequences):
+        diff = (x != y).nonzero()
+        out.append(int(diff[0]) if len(diff) else -1)
+    return out
+
+
+def mean_accepted(out) -> float:
+    """Draft tokens accepted per step, pooled over the rows of a `GenerateOutput`."""
+    return sum(map(sum, out.accepted)) / sum(map(len, out.accepted))
+
+
+def write_results(name: str, results: dict) -> None:
+    """`results` as `$DFLASH2_GPU_OUT/<name>` (JSON) when that variable is set; else nothing."""
+    out = os.environ.get("DFLASH2_GPU_OUT")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, name), "w") as f:
+            json.dump(results, f, indent=2)

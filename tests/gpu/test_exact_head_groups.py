@@ -17,8 +17,6 @@ With DFLASH2_GPU_OUT=DIR it writes DIR/exact_head_groups.json (acceptance, depar
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 import pytest
@@ -26,6 +24,7 @@ import torch
 
 from dflash2.engine import speculative_generate
 from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer
+from tests.gpu.helpers import departures, mean_accepted, write_results
 
 pytestmark = pytest.mark.gpu
 
@@ -50,11 +49,7 @@ def target():
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(HEAD_SCALE)  # tied: the embeddings scale too
     yield TargetModel(model)
-    out = os.environ.get("DFLASH2_GPU_OUT")
-    if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "exact_head_groups.json"), "w") as f:
-            json.dump(RESULTS, f, indent=2)
+    write_results("exact_head_groups.json", RESULTS)
 
 
 @pytest.fixture(scope="module")
@@ -70,19 +65,6 @@ def _run(target, draft, rows, n_spec=0, exact=True):
     out = speculative_generate(target, draft, rows, max_new_tokens=NEW, num_speculative_tokens=n_spec, **kw)
     torch.cuda.synchronize()
     return out, time.perf_counter() - t0
-
-
-def _departures(a, b) -> list[int]:
-    """Per row, the first differing position (-1 = identical)."""
-    out = []
-    for x, y in zip(a.sequences, b.sequences):
-        diff = (x != y).nonzero()
-        out.append(int(diff[0]) if len(diff) else -1)
-    return out
-
-
-def _mean_accepted(out) -> float:
-    return sum(map(sum, out.accepted)) / sum(map(len, out.accepted))
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +93,10 @@ def test_exact_speculative_equals_exact_ar(target, prompts, ar_runs, n_spec):
     refs = [r.tolist() for r in batch_ar.sequences]
     oracle = OracleProposer(refs, seeds=list(range(PROMPTS)), block_size=WIDTH, accept_prob=0.9, vocab_size=VOCAB)
     batch, t_batch = _run(target, oracle, prompts, n_spec)
-    acc = _mean_accepted(batch)
-    RESULTS[f"N{n_spec}"] = {"mean_accepted": acc, "wall_s_batch8": t_batch, "departures": _departures(batch, batch_ar)}
+    acc = mean_accepted(batch)
+    RESULTS[f"N{n_spec}"] = {"mean_accepted": acc, "wall_s_batch8": t_batch, "departures": departures(batch, batch_ar)}
     assert acc >= 1.0, f"oracle accepted {acc:.2f} per step: the equality would be trivial"
-    assert _departures(batch, batch_ar) == [-1] * PROMPTS
+    assert departures(batch, batch_ar) == [-1] * PROMPTS
     if n_spec == 15:
         for b, p in enumerate(prompts):
             one = OracleProposer([refs[b]], seeds=[b], block_size=WIDTH, accept_prob=0.9, vocab_size=VOCAB)
@@ -128,11 +110,11 @@ def test_graph_replayed_speculative_equals_exact_ar(target, prompts, ar_runs):
     oracle = DeviceOracleProposer(refs, list(range(PROMPTS)), block_size=WIDTH, accept_prob=0.9,
                                   vocab_size=VOCAB, device="cuda")
     out, t = _run(target, oracle, prompts, 15)
-    RESULTS["N15_graph"] = {"mean_accepted": _mean_accepted(out), "wall_s_batch8": t,
+    RESULTS["N15_graph"] = {"mean_accepted": mean_accepted(out), "wall_s_batch8": t,
                             "replayed": any(out.times.replayed), "graph_error": out.times.graph_error}
-    assert _mean_accepted(out) >= 1.0
+    assert mean_accepted(out) >= 1.0
     assert out.times.graph_error is None and any(out.times.replayed), "the step did not replay"
-    assert _departures(out, ar_runs[1]) == [-1] * PROMPTS
+    assert departures(out, ar_runs[1]) == [-1] * PROMPTS
 
 
 def test_normal_mode_departs_in_bf16(target, prompts):
@@ -144,6 +126,6 @@ def test_normal_mode_departs_in_bf16(target, prompts):
     for n_spec in (7, 15):
         oracle = OracleProposer(refs, seeds=list(range(PROMPTS)), block_size=WIDTH, accept_prob=0.9, vocab_size=VOCAB)
         spec, _ = _run(target, oracle, prompts, n_spec, exact=False)
-        dep += _departures(spec, ar)
+        dep += departures(spec, ar)
     RESULTS["control_departures_N7_N15"] = dep
     assert any(d >= 0 for d in dep), "no departure without exact mode: the control shows nothing"

@@ -22,8 +22,6 @@ exact vs normal mode: the speed cost of exact mode in the eager loop).
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 import pytest
@@ -31,6 +29,7 @@ import torch
 
 from dflash2.engine import speculative_generate
 from dflash2.evaluation.oracle import OracleProposer
+from tests.gpu.helpers import departures, mean_accepted, write_results
 
 pytestmark = pytest.mark.gpu
 
@@ -64,11 +63,7 @@ def target():
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(HEAD_SCALE)  # peaked logits: near-ties become rare but real
     yield TargetModel(model)
-    out = os.environ.get("DFLASH2_GPU_OUT")
-    if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "exact_mode.json"), "w") as f:
-            json.dump(RESULTS, f, indent=2)
+    write_results("exact_mode.json", RESULTS)
 
 
 @pytest.fixture(scope="module")
@@ -93,15 +88,6 @@ def _oracle(refs, seeds):
                           vocab_size=151936)
 
 
-def _departures(a, b) -> list[int]:
-    """Per row, the first differing generated position (-1 = identical)."""
-    out = []
-    for x, y in zip(a.sequences, b.sequences):
-        diff = (x != y).nonzero()
-        out.append(int(diff[0]) if len(diff) else -1)
-    return out
-
-
 @pytest.fixture(scope="module")
 def ar_runs(target, prompts, exact_impl):
     alone = [_run(target, None, [p], exact_impl=exact_impl) for p in prompts]
@@ -122,10 +108,9 @@ def test_exact_speculative_equals_exact_ar(target, prompts, ar_runs, exact_impl,
     seeds = list(range(PROMPTS))
     refs = batch_ar.sequences
     batch, t_batch = _run(target, _oracle(refs, seeds), prompts, n_spec, exact_impl=exact_impl)
-    steps = sum(map(len, batch.accepted))
-    mean_acc = sum(map(sum, batch.accepted)) / steps
+    mean_acc = mean_accepted(batch)
     assert mean_acc >= 1.0, f"oracle accepted {mean_acc:.2f} per step: the equality would be trivial"
-    assert _departures(batch, batch_ar) == [-1] * PROMPTS  # batch 8: spec == AR
+    assert departures(batch, batch_ar) == [-1] * PROMPTS  # batch 8: spec == AR
     t_alone = 0.0
     for b, p in enumerate(prompts):
         alone, t = _run(target, _oracle([refs[b]], [seeds[b]]), [p], n_spec, exact_impl=exact_impl)
@@ -147,10 +132,9 @@ def test_graph_replayed_speculative_equals_exact_ar(target, prompts, ar_runs, ex
         oracle = DeviceOracleProposer(refs, list(range(PROMPTS)), block_size=BLOCK, accept_prob=0.9,
                                       vocab_size=151936, device="cuda")
         out, _ = _run(target, oracle, prompts, n_spec, exact_impl=exact_impl)
-        steps = sum(map(len, out.accepted))
-        assert sum(map(sum, out.accepted)) / steps >= 1.0
+        assert mean_accepted(out) >= 1.0
         assert out.times.graph_error is None and any(out.times.replayed), "the step did not replay"
-        assert _departures(out, ar_runs[1]) == [-1] * PROMPTS, f"N={n_spec}"
+        assert departures(out, ar_runs[1]) == [-1] * PROMPTS, f"N={n_spec}"
 
 
 def test_normal_mode_departs_in_bf16(target, prompts, exact_impl):
@@ -158,7 +142,7 @@ def test_normal_mode_departs_in_bf16(target, prompts, exact_impl):
     Also the speed cost of exact mode at batch 8 (AR and N = 7), measured back to back."""
     ar, t_ar = _run(target, None, prompts, exact=False)
     spec, t_spec = _run(target, _oracle(ar.sequences, list(range(PROMPTS))), prompts, 7, exact=False)
-    dep = _departures(spec, ar)
+    dep = departures(spec, ar)
     ar_x, t_ar_x = _run(target, None, prompts, exact=True, exact_impl=exact_impl)
     spec_x, t_spec_x = _run(target, _oracle(ar_x.sequences, list(range(PROMPTS))), prompts, 7, exact=True,
                             exact_impl=exact_impl)
@@ -168,4 +152,4 @@ def test_normal_mode_departs_in_bf16(target, prompts, exact_impl):
         "spec_N7_s": {"normal": t_spec, "exact": t_spec_x, "ratio": t_spec_x / t_spec},
         "note": "wall time of 8 x 128 tokens, kernels warm; normal = the default engine (CUDA-graph step for AR, the eager loop for the host-side oracle), exact = the exact_impl of the key (rows: row-by-row eager forwards; invariant: batched, the host-side oracle keeps it eager)"}
     assert any(d >= 0 for d in dep), "no departure without exact mode: the control shows nothing"
-    assert _departures(spec_x, ar_x) == [-1] * PROMPTS
+    assert departures(spec_x, ar_x) == [-1] * PROMPTS

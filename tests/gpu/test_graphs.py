@@ -20,8 +20,6 @@ Run on the device:  python -m pytest -m gpu tests/gpu/test_graphs.py -s
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 
 import pytest
@@ -31,7 +29,7 @@ from dflash2 import speculative_generate
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, sync_check
 from dflash2.engine.state import release_decode_state
 from dflash2.evaluation.oracle import DeviceOracleProposer
-from tests.gpu.helpers import small_cuda_models
+from tests.gpu.helpers import small_cuda_models, write_results
 
 pytestmark = pytest.mark.gpu
 
@@ -45,11 +43,7 @@ def models():
         pytest.skip("needs CUDA")
     target, draft, prompts = small_cuda_models(VOCAB)
     yield target, draft, prompts
-    out = os.environ.get("DFLASH2_GPU_OUT")
-    if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "graphs.json"), "w") as f:
-            json.dump(RESULTS, f, indent=2)
+    write_results("graphs.json", RESULTS)
 
 
 def _drafter(kind, draft, prompts, ar, seeds):
