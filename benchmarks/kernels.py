@@ -11,7 +11,8 @@ memory allows) so repeated calls do not time the cache. Shapes: H 4096, V 151936
 fp32 target logits; row attention at Qwen3-8B heads (32 / 8, hd 128) over a 512-token context
 with 1, 4 and 16 queries per row (the reference is SDPA with the per-row mask, the engine's
 default); the draft's norm-RoPE of a block's 16 keys and values into its cache (the reference:
-RMSNorm, RoPE and two scatters). ``--sweep`` also times alternative tilings (used to pick the defaults).
+RMSNorm, RoPE and two scatters); the conv's finish side with the layer's residual add in one
+launch (the reference: the conv's launch, then PyTorch's add). ``--sweep`` also times alternative tilings (used to pick the defaults).
 """
 
 from __future__ import annotations
@@ -93,6 +94,22 @@ def conv_case(batch: int, tiling: tuple[int, int, int] | None = None):
     ref = [(lambda z=z, p=p: grouped_dynamic_conv(z, base, p, 1, Q, GROUP, "torch")) for z, p in sets]
     nbytes = 2 * (2 * batch * Q * H + batch * Q * TAPS * g_count + TAPS * H)
     return tri, ref, nbytes, f"z[{batch},{Q},{H}] K{TAPS} g{GROUP}"
+
+
+def conv_residual_case(batch: int):
+    """The finish side with the layer's residual add in its epilogue (one launch), against the
+    two launches it replaces (the Triton conv, then PyTorch's add) as the reference column."""
+    dev, dt = "cuda", torch.bfloat16
+    sets = [
+        (torch.randn(batch, Q, H, device=dev, dtype=dt), torch.randn(batch, Q, 2 * TAPS * (H // GROUP), device=dev, dtype=dt),
+         torch.randn(batch, Q, H, device=dev, dtype=dt))
+        for _ in range(CONV_PER_STEP)
+    ]
+    base = torch.randn(2, TAPS, H, device=dev, dtype=dt)
+    tri = [(lambda z=z, p=p, r=r: _grouped_dynamic_conv_triton(z, base, p, 1, Q, GROUP, residual=r)) for z, p, r in sets]
+    two = [(lambda z=z, p=p, r=r: r + _grouped_dynamic_conv_triton(z, base, p, 1, Q, GROUP)) for z, p, r in sets]
+    nbytes = 2 * (3 * batch * Q * H + batch * Q * TAPS * (H // GROUP) + TAPS * H)
+    return tri, two, nbytes, f"z[{batch},{Q},{H}] K{TAPS} g{GROUP} + residual"
 
 
 def topk_case(batch: int, config: dict | None = None):
@@ -255,6 +272,8 @@ def main(argv: list[str] | None = None) -> str:
     for batch in args.batches:
         tri, ref, nbytes, shape = conv_case(batch)
         row("dynamic_conv (1 application)", batch, shape, nbytes, tri, ref)
+        tri, two, nbytes, shape = conv_residual_case(batch)
+        row("dynamic_conv finish + residual (ref: conv, then add)", batch, shape, nbytes, tri, two)
         tri, ref, base, nbytes, shape = topk_case(batch)
         t = row("vocab_topk", batch, shape, nbytes, tri, ref)
         be, bg = _time_eager_us(base), _time_graph_us(base, max(20, len(base)))

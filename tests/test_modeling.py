@@ -59,6 +59,26 @@ def test_identity_init_dflash2_equals_same_weights_as_v1():
         assert torch.equal(v2(pos, noise, th), v1(pos, noise, th))
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_each_sublayer_adds_its_residual_inside_the_finish_conv(monkeypatch, grad):
+    """A layer's two `x + conv_finish(y)` run as one conv call each (`residual=x`: one launch with
+    the Triton conv), the prepare sides without one; with grad on, gradients still reach x."""
+    from dflash2.modeling import conv as conv_mod
+
+    model = randomize_(DFlash2DraftModel(tiny_draft_config(v2=True)), seed=4)
+    calls, real = [], conv_mod.grouped_dynamic_conv
+    monkeypatch.setattr(conv_mod, "grouped_dynamic_conv",
+                        lambda *a, residual=None, **k: calls.append((a[3], residual is not None)) or real(*a, residual=residual, **k))
+    pos, noise, th = _inputs(model.config)
+    noise.requires_grad_(grad)
+    with torch.set_grad_enabled(grad):
+        out = model(pos, noise, th)
+    assert calls == [(0, False), (1, True)] * 2 * model.config.num_hidden_layers
+    if grad:
+        out.sum().backward()
+        assert noise.grad is not None and noise.grad.abs().sum() > 0
+
+
 def test_trained_conv_changes_output_and_is_differentiable():
     model = randomize_(DFlash2DraftModel(tiny_draft_config()), seed=2)
     pos, noise, th = _inputs(model.config)

@@ -64,8 +64,10 @@ class GroupedDynamicConv(nn.Module):
         return self.kernel_projection(u)
 
     def forward(self, z: torch.Tensor, proj: torch.Tensor, side: int, block_len: int,
-                impl: str | None = None) -> torch.Tensor:
-        """Apply side 0 (prepare) or 1 (finish) to `z [B, T, H]`; returns `[B, T, H]`.
+                impl: str | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply side 0 (prepare) or 1 (finish) to `z [B, T, H]`; returns `[B, T, H]`, plus
+        `residual [B, T, H]` if given (the bits of a separate `residual + out`, in one launch with
+        `"triton"`).
 
         `impl`: this call's implementation, resolved (`"torch"` or `"triton"`, as the engine's
         settings pass it); None = the module's own `impl`, resolved once."""
@@ -76,6 +78,8 @@ class GroupedDynamicConv(nn.Module):
         elif impl not in ("torch", "triton"):
             raise ValueError(f"conv impl for a call must be a resolved 'torch' or 'triton', got {impl!r}")
         # Inputs choose the path (STYLE 5): anything that needs autograd runs the reference.
-        if torch.is_grad_enabled() and (z.requires_grad or proj.requires_grad or self.base_kernel.requires_grad):
+        needs_grad = z.requires_grad or proj.requires_grad or self.base_kernel.requires_grad
+        if torch.is_grad_enabled() and (needs_grad or (residual is not None and residual.requires_grad)):
             impl = "torch"
-        return grouped_dynamic_conv(z, self.base_kernel, proj, side, block_len, self.group_size, impl=impl)
+        return grouped_dynamic_conv(z, self.base_kernel, proj, side, block_len, self.group_size, impl=impl,
+                                    residual=residual)

@@ -220,17 +220,14 @@ class DraftDecoderLayer(nn.Module):
             d = self.attention_conv.project(u)                    # [B, q, 2*K*G] from the input
             u = self.attention_conv(u, d, 0, block_len, impl=conv_impl)
         y = self.self_attn(u, ctx, rope_blk, rope_ctx, mask, cache, self.layer_idx, slots, conv_impl)
-        if self.attention_conv is not None:
-            y = self.attention_conv(y, d, 1, block_len, impl=conv_impl)
-        x = x + y
+        # The finish side adds the residual itself (x + conv(y), one launch with the Triton conv).
+        x = x + y if self.attention_conv is None else self.attention_conv(y, d, 1, block_len, conv_impl, residual=x)
         u = self.post_attention_layernorm(x)
         if self.mlp_conv is not None:
             d = self.mlp_conv.project(u)
             u = self.mlp_conv(u, d, 0, block_len, impl=conv_impl)
         y = self.mlp(u)
-        if self.mlp_conv is not None:
-            y = self.mlp_conv(y, d, 1, block_len, impl=conv_impl)
-        return x + y
+        return x + y if self.mlp_conv is None else self.mlp_conv(y, d, 1, block_len, conv_impl, residual=x)
 
 
 class DFlash2DraftModel(PreTrainedModel):

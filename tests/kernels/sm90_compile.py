@@ -203,6 +203,9 @@ def cases():
         out.append((f"grouped_dynamic_conv H={hidden} {str(dt)[6:]}",
                     lambda h=hidden, dt=dt: _grouped_dynamic_conv_triton(
                         e(8, 16, h, dtype=dt), e(2, 2, h, dtype=dt), e(8, 16, 2 * 2 * (h // 16), dtype=dt), 0, 16, 16)))
+    out.append(("grouped_dynamic_conv finish + residual H=4096 bfloat16", lambda: _grouped_dynamic_conv_triton(
+        e(8, 16, 4096, dtype=bf16), e(2, 2, 4096, dtype=bf16), e(8, 16, 2 * 2 * 256, dtype=bf16), 1, 16, 16,
+        residual=e(8, 16, 4096, dtype=bf16))))
     out.append(("keyed_uniform", lambda: keyed_uniform_triton(torch.zeros(8, dtype=i64), 1, torch.zeros(8, dtype=i64),
                                                              torch.arange(8))))
     return out

@@ -103,6 +103,32 @@ def test_triton_refuses_grad(triton_device) -> None:
         grouped_dynamic_conv(z, base, proj, 0, 4, 8, "triton")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_triton_residual_is_the_separate_add_bit_for_bit(shape, dtype, triton_device) -> None:
+    # The draft layer's finish side with its residual in one launch: the same bits as the conv
+    # alone followed by PyTorch's add (the conv rounded first, the sum rounded once).
+    b, t, h, k, g, L = shape
+    z, base, proj = _inputs(b, t, h, k, g, dtype, triton_device)
+    residual = (4 * torch.randn(b, t, h, dtype=torch.float64)).to(device=triton_device, dtype=dtype)
+    fused = grouped_dynamic_conv(z, base, proj, 1, L, g, "triton", residual=residual)
+    separate = residual + grouped_dynamic_conv(z, base, proj, 1, L, g, "triton")
+    assert fused.dtype == dtype and torch.equal(fused, separate)
+    ref = grouped_dynamic_conv(z, base, proj, 1, L, g, "torch", residual=residual)
+    assert torch.equal(ref, residual + grouped_dynamic_conv(z, base, proj, 1, L, g, "torch"))
+
+
+def test_triton_residual_refuses_grad_and_bad_shapes(triton_device) -> None:
+    z, base, proj = _inputs(1, 4, 16, 2, 8, torch.float32, triton_device)
+    residual = torch.randn(1, 4, 16, device=triton_device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="forward-only"):
+        grouped_dynamic_conv(z, base, proj, 1, 4, 8, "triton", residual=residual)
+    with pytest.raises(ValueError, match="residual must be"):
+        grouped_dynamic_conv(z, base, proj, 1, 4, 8, "triton", residual=residual.detach()[:, :2])
+    with pytest.raises(ValueError, match="residual must be"):
+        grouped_dynamic_conv(z, base, proj, 1, 4, 8, "torch", residual=residual.detach().double())
+
+
 def test_bad_shapes_raise() -> None:
     z, base, proj = _inputs(1, 6, 16, 2, 8, torch.float32)
     with pytest.raises(ValueError, match="multiple of block_len"):

@@ -8,6 +8,7 @@ from dflash2.kernels.dynamic_conv.reference import grouped_dynamic_conv_referenc
 
 try:
     from dflash2.kernels.dynamic_conv import triton_kernels as _tk
+    from dflash2.kernels.rounding import ROUNDING_KIND as _KIND  # the kernel's rounding of each dtype
 except ImportError:  # triton missing: only impl="torch" works (resolve_impl says so)
     _tk = None
 
@@ -19,7 +20,8 @@ _BLOCK_T = 4
 _BLOCK_H = 256
 
 
-def _check(z: torch.Tensor, base: torch.Tensor, proj: torch.Tensor, side: int, block_len: int, group_size: int) -> None:
+def _check(z: torch.Tensor, base: torch.Tensor, proj: torch.Tensor, side: int, block_len: int, group_size: int,
+           residual: torch.Tensor | None = None) -> None:
     if z.dim() != 3:
         raise ValueError(f"z must be [B, T, H], got {tuple(z.shape)}")
     bsz, seq, hidden = z.shape
@@ -35,6 +37,9 @@ def _check(z: torch.Tensor, base: torch.Tensor, proj: torch.Tensor, side: int, b
         raise ValueError(f"side must be 0 (prepare) or 1 (finish), got {side}")
     if block_len <= 0 or seq % block_len != 0:
         raise ValueError(f"T={seq} must be a multiple of block_len={block_len}")
+    if residual is not None and (residual.shape != z.shape or residual.dtype != z.dtype):
+        raise ValueError(f"residual must be [B, T, H] = {tuple(z.shape)} in {z.dtype}, "
+                         f"got {tuple(residual.shape)} in {residual.dtype}")
 
 
 def _grouped_dynamic_conv_triton(
@@ -47,8 +52,10 @@ def _grouped_dynamic_conv_triton(
     block_h: int = _BLOCK_H,
     num_warps: int = 4,
     block_t: int = _BLOCK_T,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    if torch.is_grad_enabled() and (z.requires_grad or base.requires_grad or proj.requires_grad):
+    inputs = (z, base, proj) if residual is None else (z, base, proj, residual)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
         raise RuntimeError(
             "grouped_dynamic_conv(impl='triton') is forward-only and refuses inputs that require "
             "grad while autograd is recording; train with impl='torch' or call it under "
@@ -60,12 +67,14 @@ def _grouped_dynamic_conv_triton(
     if z.numel() == 0:
         return out
     grid = (_cdiv(seq, block_t), _cdiv(hidden, block_h), bsz)
+    res = out if residual is None else residual  # an unread stand-in without a residual
     _tk._grouped_dynamic_conv_fwd[grid](
-        z, base, proj, out,
+        z, base, proj, out, res,
         seq, hidden, block_len, side,
-        *z.stride(), *base.stride(), *proj.stride(), *out.stride(),
+        *z.stride(), *base.stride(), *proj.stride(), *out.stride(), *res.stride(),
         K=taps, G=hidden // group_size, GROUP=group_size,
-        BLOCK_T=block_t, BLOCK_H=block_h, num_warps=num_warps,
+        BLOCK_T=block_t, BLOCK_H=block_h, HAS_RES=residual is not None, KIND=_KIND.get(z.dtype, 0),
+        num_warps=num_warps,
     )
     return out
 
@@ -82,10 +91,15 @@ def grouped_dynamic_conv(
     block_len: int,
     group_size: int,
     impl: str,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One application (prepare or finish) of the grouped dynamic causal conv.
 
     ``out[b,i,c] = sum_t [i mod block_len >= t] (base[side,t,c] + proj[b,i,side*K*G + t*G + c//g]) z[b,i-t,c]``
+
+    With ``residual``, returns ``residual + out`` computed as PyTorch adds two tensors of
+    ``z.dtype`` (``out`` rounded first): the same bits as this call without it followed by the add,
+    in one launch (``"triton"``).
 
     Args:
         z: ``[B, T, H]`` input (the normed sublayer input for side 0, its output for side 1).
@@ -99,14 +113,17 @@ def grouped_dynamic_conv(
             inputs that require grad while grad mode is on), already resolved by
             :func:`dflash2.kernels.dispatch.resolve_impl`.
 
+        residual: optional ``[B, T, H]`` in ``z.dtype``, added to the output (the draft layer's
+            residual stream, after the finish side).
+
     Returns:
         ``[B, T, H]`` in ``z.dtype``, accumulated in fp32.
     """
-    _check(z, base, proj, side, block_len, group_size)
+    _check(z, base, proj, side, block_len, group_size, residual)
     if impl == "torch":
-        return grouped_dynamic_conv_reference(z, base, proj, side, block_len, group_size)
+        return grouped_dynamic_conv_reference(z, base, proj, side, block_len, group_size, residual)
     if impl == "triton":
         if _tk is None:
             raise RuntimeError("impl='triton' needs the 'triton' package (`pip install triton`).")
-        return _grouped_dynamic_conv_triton(z, base, proj, side, block_len, group_size)
+        return _grouped_dynamic_conv_triton(z, base, proj, side, block_len, group_size, residual=residual)
     raise ValueError(f"impl must be resolved to 'torch' or 'triton', got {impl!r}")

@@ -20,8 +20,10 @@ def grouped_dynamic_conv_reference(
     side: int,
     block_len: int,
     group_size: int,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Differentiable reference of :func:`dflash2.kernels.dynamic_conv.grouped_dynamic_conv`."""
+    """Differentiable reference of :func:`dflash2.kernels.dynamic_conv.grouped_dynamic_conv`
+    (with `residual`: `residual + conv`, the conv rounded to `z.dtype` first)."""
     bsz, seq, hidden = z.shape
     taps = base.shape[1]
     groups = hidden // group_size
@@ -38,4 +40,5 @@ def grouped_dynamic_conv_reference(
         # (base[t, c] + delta[b, i, t, c // g]) * z[b, i - t, c], with channels viewed [G, g]
         term = weight[t] * shifted + (delta[:, :, t] * shifted.view(bsz, seq, groups, group_size)).view(bsz, seq, hidden)
         out = out + keep * term
-    return out.to(z.dtype)
+    out = out.to(z.dtype)
+    return out if residual is None else residual + out

@@ -4,21 +4,27 @@
 #                                             * z[b, i - t, c]
 #
 # One program owns a [BLOCK_T tokens, BLOCK_H channels] tile of one sequence; the K taps re-read
-# the z rows i-t (L1/L2 hits). Accumulation in fp32, output in z's dtype.
+# the z rows i-t (L1/L2 hits). Accumulation in fp32, output in z's dtype, rounded to nearest even
+# (`round_to`, also in the interpreter). With HAS_RES the epilogue adds a residual r the way
+# `r + out` does in PyTorch: the conv rounded to the output dtype first, then the sum of the two
+# in fp32, rounded once (the same bits as the conv's launch followed by PyTorch's add).
 import triton
 import triton.language as tl
+
+from dflash2.kernels.rounding import round_to
 
 
 @triton.jit
 def _grouped_dynamic_conv_fwd(
-    z_ptr, base_ptr, proj_ptr, out_ptr,
+    z_ptr, base_ptr, proj_ptr, out_ptr, res_ptr,
     T, H, L, side,
     stride_zb, stride_zt, stride_zh,
     stride_bs, stride_bt, stride_bh,
     stride_pb, stride_pt, stride_pj,
     stride_ob, stride_ot, stride_oh,
+    stride_rb, stride_rt, stride_rh,
     K: tl.constexpr, G: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, HAS_RES: tl.constexpr, KIND: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -41,4 +47,9 @@ def _grouped_dynamic_conv_fwd(
         acc += (w0.to(tl.float32)[None, :] + dw.to(tl.float32)) * zt.to(tl.float32)
     out_ok = i_ok[:, None] & c_ok[None, :]
     o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + i[:, None] * stride_ot + c[None, :] * stride_oh
-    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_ok)
+    y = round_to(acc, KIND)  # fp32 holding the output dtype's value
+    if HAS_RES:
+        r_ptrs = res_ptr + b.to(tl.int64) * stride_rb + i[:, None] * stride_rt + c[None, :] * stride_rh
+        r = tl.load(r_ptrs, mask=out_ok, other=0.0)
+        y = round_to(r.to(tl.float32) + y, KIND)
+    tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=out_ok)

@@ -34,6 +34,7 @@ from dflash2.kernels.norm_rope.reference import norm_rope_reference, rotate_half
 
 try:
     from dflash2.kernels.norm_rope import triton_kernels as _tk
+    from dflash2.kernels.rounding import ROUNDING_KIND as _KIND  # the kernel's rounding of each dtype
 except ImportError:  # triton missing: only impl="torch" works (resolve_impl says so)
     _tk = None
 
@@ -41,7 +42,6 @@ __all__ = ["norm_rope", "norm_rope_into_cache", "norm_rope_reference", "scatter_
            "DTYPES"]
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the kernel's rounding (`_round`)
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor) -> bool:

@@ -17,20 +17,7 @@
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _round(x, KIND: tl.constexpr):
-    """fp32 `x` rounded to the model's dtype (to nearest, ties to even) and kept in fp32: KIND 0
-    fp32 (as is), 1 bf16 (on the bits: the interpreter's bf16 cast truncates), 2 fp16."""
-    if KIND == 1:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16  # shifts keep it 32-bit
-        y = bits.to(tl.float32, bitcast=True)
-    elif KIND == 2:
-        y = x.to(tl.float16).to(tl.float32)
-    else:
-        y = x
-    return y
+from dflash2.kernels.rounding import round_to as _round
 
 
 @triton.jit
