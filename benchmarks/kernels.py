@@ -80,35 +80,35 @@ def _n_sets(bytes_per_call: int, cap: int) -> int:
 
 
 # Problem builders: each returns (triton_fns, torch_fns, bytes_per_call, shape_str).
-def conv_case(batch: int, tiling: tuple[int, int, int] | None = None):
+def _conv_inputs(batch: int, with_residual: bool = False):
+    """CONV_PER_STEP rotating (z, proj[, residual]) sets and one base kernel, bf16 on CUDA, and
+    the bytes one application moves."""
     dev, dt = "cuda", torch.bfloat16
     g_count = H // GROUP
     sets = [
-        (torch.randn(batch, Q, H, device=dev, dtype=dt),
-         torch.randn(batch, Q, 2 * TAPS * g_count, device=dev, dtype=dt))
+        (torch.randn(batch, Q, H, device=dev, dtype=dt), torch.randn(batch, Q, 2 * TAPS * g_count, device=dev, dtype=dt))
+        + ((torch.randn(batch, Q, H, device=dev, dtype=dt),) if with_residual else ())
         for _ in range(CONV_PER_STEP)
     ]
     base = torch.randn(2, TAPS, H, device=dev, dtype=dt)
+    activations = (3 if with_residual else 2) * batch * Q * H  # z, out[, residual]
+    return sets, base, 2 * (activations + batch * Q * TAPS * g_count + TAPS * H)
+
+
+def conv_case(batch: int, tiling: tuple[int, int, int] | None = None):
+    sets, base, nbytes = _conv_inputs(batch)
     kw = {} if tiling is None else dict(zip(("block_t", "block_h", "num_warps"), tiling))
     tri = [(lambda z=z, p=p: _grouped_dynamic_conv_triton(z, base, p, 1, Q, GROUP, **kw)) for z, p in sets]
     ref = [(lambda z=z, p=p: grouped_dynamic_conv(z, base, p, 1, Q, GROUP, "torch")) for z, p in sets]
-    nbytes = 2 * (2 * batch * Q * H + batch * Q * TAPS * g_count + TAPS * H)
     return tri, ref, nbytes, f"z[{batch},{Q},{H}] K{TAPS} g{GROUP}"
 
 
 def conv_residual_case(batch: int):
     """The finish side with the layer's residual add in its epilogue (one launch), against the
     two launches it replaces (the Triton conv, then PyTorch's add) as the reference column."""
-    dev, dt = "cuda", torch.bfloat16
-    sets = [
-        (torch.randn(batch, Q, H, device=dev, dtype=dt), torch.randn(batch, Q, 2 * TAPS * (H // GROUP), device=dev, dtype=dt),
-         torch.randn(batch, Q, H, device=dev, dtype=dt))
-        for _ in range(CONV_PER_STEP)
-    ]
-    base = torch.randn(2, TAPS, H, device=dev, dtype=dt)
+    sets, base, nbytes = _conv_inputs(batch, with_residual=True)
     tri = [(lambda z=z, p=p, r=r: _grouped_dynamic_conv_triton(z, base, p, 1, Q, GROUP, residual=r)) for z, p, r in sets]
     two = [(lambda z=z, p=p, r=r: r + _grouped_dynamic_conv_triton(z, base, p, 1, Q, GROUP)) for z, p, r in sets]
-    nbytes = 2 * (3 * batch * Q * H + batch * Q * TAPS * (H // GROUP) + TAPS * H)
     return tri, two, nbytes, f"z[{batch},{Q},{H}] K{TAPS} g{GROUP} + residual"
 
 

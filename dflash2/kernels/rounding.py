@@ -5,8 +5,8 @@ as is; 1 bf16, on the bits; 2 fp16), the value kept in fp32, so that a later cas
 is exact. bf16 is rounded on the bits because the Triton interpreter's fp32 -> bf16 cast
 truncates; on the GPU the result equals the cast's for every finite value and infinity (a NaN
 whose payload lies only in the low 16 bits becomes an infinity, which the engine's invalid-row
-check treats as it treats a NaN). Only the `triton_kernels` modules import
-this (it needs Triton); their launchers map a dtype to KIND with `ROUNDING_KIND`.
+check treats as it treats a NaN). It needs Triton: the kernels' `triton_kernels` modules import
+`round_to`, and their launchers import `ROUNDING_KIND` (dtype -> KIND) in the same guarded import.
 """
 
 import torch

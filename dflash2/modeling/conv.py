@@ -78,8 +78,8 @@ class GroupedDynamicConv(nn.Module):
         elif impl not in ("torch", "triton"):
             raise ValueError(f"conv impl for a call must be a resolved 'torch' or 'triton', got {impl!r}")
         # Inputs choose the path (STYLE 5): anything that needs autograd runs the reference.
-        needs_grad = z.requires_grad or proj.requires_grad or self.base_kernel.requires_grad
-        if torch.is_grad_enabled() and (needs_grad or (residual is not None and residual.requires_grad)):
+        tensors = (z, proj, self.base_kernel) + (() if residual is None else (residual,))
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             impl = "torch"
         return grouped_dynamic_conv(z, self.base_kernel, proj, side, block_len, self.group_size, impl=impl,
                                     residual=residual)

@@ -54,8 +54,8 @@ def _grouped_dynamic_conv_triton(
     block_t: int = _BLOCK_T,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    inputs = (z, base, proj) if residual is None else (z, base, proj, residual)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+    tensors = (z, base, proj) + (() if residual is None else (residual,))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         raise RuntimeError(
             "grouped_dynamic_conv(impl='triton') is forward-only and refuses inputs that require "
             "grad while autograd is recording; train with impl='torch' or call it under "
