@@ -79,6 +79,38 @@ def test_each_sublayer_adds_its_residual_inside_the_finish_conv(monkeypatch, gra
         assert noise.grad is not None and noise.grad.abs().sum() > 0
 
 
+def test_bf16_autocast_training_forward_promotes_the_residual_as_before():
+    """Under bf16 autocast (GPU distillation's mixed precision; CPU autocast here) a layer's residual
+    stream stays fp32 while its sublayers' outputs are bf16: the finish conv then adds the residual
+    with PyTorch's promotion, the output equals the unfused `x + conv_finish(y)` bit for bit, and
+    gradients flow."""
+    from dflash2.modeling import conv as conv_mod
+
+    model = randomize_(DFlash2DraftModel(tiny_draft_config(v2=True)), seed=6)
+    pos, noise, th = _inputs(model.config)
+    noise.requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(pos, noise, th)
+    out.float().sum().backward()
+    assert noise.grad is not None and torch.isfinite(noise.grad).all() and noise.grad.abs().sum() > 0
+
+    real_forward = conv_mod.GroupedDynamicConv.forward
+
+    def unfused(self, z, proj, side, block_len, impl=None, residual=None):  # the form before the fusion
+        out = real_forward(self, z, proj, side, block_len, impl)
+        return out if residual is None else residual + out
+
+    conv_mod.GroupedDynamicConv.forward = unfused
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            ref = model(pos, noise.detach(), th)
+    finally:
+        conv_mod.GroupedDynamicConv.forward = real_forward
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = model(pos, noise.detach(), th)
+    assert got.dtype == ref.dtype and torch.equal(got, ref)
+
+
 def test_trained_conv_changes_output_and_is_differentiable():
     model = randomize_(DFlash2DraftModel(tiny_draft_config()), seed=2)
     pos, noise, th = _inputs(model.config)

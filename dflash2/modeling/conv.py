@@ -66,8 +66,10 @@ class GroupedDynamicConv(nn.Module):
     def forward(self, z: torch.Tensor, proj: torch.Tensor, side: int, block_len: int,
                 impl: str | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
         """Apply side 0 (prepare) or 1 (finish) to `z [B, T, H]`; returns `[B, T, H]`, plus
-        `residual [B, T, H]` if given (the bits of a separate `residual + out`, in one launch with
-        `"triton"`).
+        `residual [B, T, H]` if given: `residual + out` with PyTorch's type promotion. Of `z`'s
+        dtype, that is one call (one launch with `"triton"`, the bits of the separate add); of
+        another (mixed-precision training: an fp32 residual stream around bf16 autocast
+        sublayers), the conv and then the add, promoted as `x + conv(y)` always was.
 
         `impl`: this call's implementation, resolved (`"torch"` or `"triton"`, as the engine's
         settings pass it); None = the module's own `impl`, resolved once."""
@@ -81,5 +83,8 @@ class GroupedDynamicConv(nn.Module):
         tensors = (z, proj, self.base_kernel) + (() if residual is None else (residual,))
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             impl = "torch"
+        if residual is not None and residual.dtype != z.dtype:
+            return residual + grouped_dynamic_conv(z, self.base_kernel, proj, side, block_len, self.group_size,
+                                                   impl=impl)
         return grouped_dynamic_conv(z, self.base_kernel, proj, side, block_len, self.group_size, impl=impl,
                                     residual=residual)
