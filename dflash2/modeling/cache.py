@@ -10,7 +10,27 @@ length are garbage that later writes overwrite and the attention mask never show
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+
+class StepSlots:
+    """Where one cached forward writes each layer's keys and values, per row: `ctx [B, c]`, the
+    new context entries at the row's length on; `blk [B, q]`, the block right after the row's
+    `counts [B]` valid entries (over the context's padding entries, which the block overwrites);
+    and `both [B, c + q]`, the two in that order for one write of both, with each padding entry
+    pointed at slot `max_len`, past the cache (a write there is dropped), so that no two entries
+    of a row share a slot and the cache ends as the context write followed by the block write
+    leaves it in slots `0 .. max_len - 1`."""
+
+    def __init__(self, ctx: torch.Tensor, blk: torch.Tensor, counts: torch.Tensor, max_len: int):
+        self.ctx, self.blk, self.counts, self.max_len = ctx, blk, counts, max_len
+
+    @functools.cached_property
+    def both(self) -> torch.Tensor:
+        valid = torch.arange(self.ctx.shape[1], device=self.ctx.device)[None] < self.counts[:, None]
+        return torch.cat([torch.where(valid, self.ctx, self.max_len), self.blk], dim=1)
 
 
 class DraftContextCache:

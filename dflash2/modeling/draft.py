@@ -29,7 +29,7 @@ from dflash2.kernels.dispatch import triton_interpreter_enabled
 from dflash2.kernels.norm_rope import fits as norm_rope_fits
 from dflash2.kernels.norm_rope import norm_rope, norm_rope_into_cache
 from dflash2.kernels.row_attention import kernel_fits, row_attention
-from dflash2.modeling.cache import DraftContextCache
+from dflash2.modeling.cache import DraftContextCache, StepSlots
 from dflash2.modeling.conv import GroupedDynamicConv
 from dflash2.modeling.selector import CandidateSelector
 
@@ -150,35 +150,47 @@ class DraftAttention(nn.Module):
     def write_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DraftContextCache,
                  layer_idx: int, slots: torch.Tensor, impl: str | None = None) -> None:
         """The keys and values of `x [B, S, H]` (RoPE at `cos, sin [B, S, hd]`) into the cache at
-        `slots [B, S]`, as the cached forward writes its context (`fused_norm_rope` picks the path)."""
-        self._into_cache(*self._projections(x), cos, sin, cache, layer_idx, slots, self.fused_norm_rope(x, cos, impl))
+        `slots [B, S]`, as the cached forward writes its context (`fused_norm_rope` picks the path;
+        the fused path projects through the q/k/v group, as the forward's stacked projection does,
+        so a row-invariant linear gives the forward's bits)."""
+        fused = self.fused_norm_rope(x, cos, impl)
+        k, v = self._projections(x, queries=fused)[-2:]
+        self._into_cache(k, v, cos, sin, cache, layer_idx, slots, fused)
 
-    def _cached_qkv(self, u, ctx, rope_blk, rope_ctx, cache: DraftContextCache, layer_idx, slots, impl):
+    def _cached_qkv(self, u, ctx, rope_blk, rope_ctx, rope_all, cache: DraftContextCache, layer_idx,
+                    slots: StepSlots, impl):
         """Queries `[B, nh, q, hd]` of the block; the context's and then the block's keys and values
         written into the cache (the block at the slots right after the context, which the next
         step's context overwrites: padding context entries of a row share slots with its block).
-        The block's q/k/v are projected first, then the context's k/v, so a fused linear mode runs
-        each as one launch."""
-        fused = self.fused_norm_rope(u, rope_blk[0], impl)
+
+        Fused path (`fused_norm_rope`): the context rows and the block rows are projected together,
+        `[ctx; u]` through the q/k/v group (one launch under a fused linear mode; the context's
+        queries are not used), and their keys and values go to the cache in one norm-RoPE launch
+        at `slots.both` (`rope_all`: RoPE of the context, then the block). Otherwise the block's
+        q/k/v, then the context's k/v, and two cache writes in that order."""
+        if self.fused_norm_rope(u, rope_blk[0], impl):
+            c = ctx.shape[1]
+            q_all, k_all, v_all = self._projections(torch.cat([ctx.to(u.dtype), u], dim=1), queries=True)
+            eps = self.q_norm.variance_epsilon
+            Q = norm_rope(q_all[:, c:], self.q_norm.weight, eps, *rope_blk, impl="triton")
+            norm_rope_into_cache(k_all, v_all, self.k_norm.weight, self.k_norm.variance_epsilon, *rope_all,
+                                 cache.keys[layer_idx], cache.values[layer_idx], slots.both, impl="triton")
+            return Q
         q_blk, k_blk, v_blk = self._projections(u, queries=True)
         k_ctx, v_ctx = self._projections(ctx)
-        if fused:
-            Q = norm_rope(q_blk, self.q_norm.weight, self.q_norm.variance_epsilon, *rope_blk, impl="triton")
-        else:
-            Q = _rope(self.q_norm(q_blk).transpose(1, 2), *rope_blk)  # [B, nh, q, hd]
-        ctx_slots, blk_slots = slots
-        self._into_cache(k_ctx, v_ctx, *rope_ctx, cache, layer_idx, ctx_slots, fused)
-        self._into_cache(k_blk, v_blk, *rope_blk, cache, layer_idx, blk_slots, fused)
+        Q = _rope(self.q_norm(q_blk).transpose(1, 2), *rope_blk)  # [B, nh, q, hd]
+        self._into_cache(k_ctx, v_ctx, *rope_ctx, cache, layer_idx, slots.ctx, False)
+        self._into_cache(k_blk, v_blk, *rope_blk, cache, layer_idx, slots.blk, False)
         return Q
 
-    def forward(self, u, ctx, rope_blk, rope_ctx, mask, cache: DraftContextCache | None, layer_idx, slots,
-                kernel_impl: str | None = None):
+    def forward(self, u, ctx, rope_blk, rope_ctx, mask, cache: DraftContextCache | None, layer_idx,
+                slots: StepSlots | None, kernel_impl: str | None = None, rope_all=None):
         B, q, _ = u.shape
         gqa = self.num_heads != self.num_kv_heads
         if cache is not None:
             # Inference: the attention reads the cache buffer in place (no [context; block] copy
             # per layer); `kernel_impl == "triton"` fuses the norms, RoPE and cache writes.
-            Q = self._cached_qkv(u, ctx, rope_blk, rope_ctx, cache, layer_idx, slots, kernel_impl)
+            Q = self._cached_qkv(u, ctx, rope_blk, rope_ctx, rope_all, cache, layer_idx, slots, kernel_impl)
             K, V = cache.keys[layer_idx].to(Q.dtype), cache.values[layer_idx].to(Q.dtype)
             if mask.dtype == torch.bool:  # [B, 1, q, S] visibility
                 out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, enable_gqa=gqa).transpose(1, 2)
@@ -214,12 +226,12 @@ class DraftDecoderLayer(nn.Module):
         else:
             self.attention_conv = self.mlp_conv = None
 
-    def forward(self, x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len, conv_impl=None):
+    def forward(self, x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len, conv_impl=None, rope_all=None):
         u = self.input_layernorm(x)
         if self.attention_conv is not None:
             d = self.attention_conv.project(u)                    # [B, q, 2*K*G] from the input
             u = self.attention_conv(u, d, 0, block_len, impl=conv_impl)
-        y = self.self_attn(u, ctx, rope_blk, rope_ctx, mask, cache, self.layer_idx, slots, conv_impl)
+        y = self.self_attn(u, ctx, rope_blk, rope_ctx, mask, cache, self.layer_idx, slots, conv_impl, rope_all)
         # The finish side adds the residual itself (x + conv(y), one launch with the Triton conv).
         x = x + y if self.attention_conv is None else self.attention_conv(y, d, 1, block_len, conv_impl, residual=x)
         u = self.post_attention_layernorm(x)
@@ -421,7 +433,8 @@ class DFlash2DraftModel(PreTrainedModel):
             counts = _context_counts(B, c, context_lengths, pos_blk.device)
             first_blk = cache.lengths + counts  # [B] the block's slots follow the row's valid context
             cache.check_capacity(c, first_blk + q)
-            slots = (cache.slots_for(c), first_blk[:, None] + torch.arange(q, device=pos_blk.device))
+            slots = StepSlots(cache.slots_for(c), first_blk[:, None] + torch.arange(q, device=pos_blk.device), counts,
+                              cache.max_len)
             masks = self._cached_visibility(pos_blk, first_blk, cache.max_len, attention_impl)
         else:
             valid_k = torch.ones(B, c + q, dtype=torch.bool, device=pos_blk.device)
@@ -437,7 +450,7 @@ class DFlash2DraftModel(PreTrainedModel):
                 x = checkpoint(layer, x, ctx, rope_blk, rope_ctx, mask, None, None, block_len or q, kernel_impl,
                                use_reentrant=False)
             else:
-                x = layer(x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len or q, kernel_impl)
+                x = layer(x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len or q, kernel_impl, (cos, sin))
         if cache is not None:
             cache.advance(counts)
         return self.norm(x)
