@@ -196,6 +196,65 @@ def _cached_steps(model, impl: str):
     return outs
 
 
+def test_step_slots_send_padding_context_entries_to_the_unread_trash_slot():
+    """`StepSlots.both`: each row's valid context entries at its length on, its padding entries at
+    the cache's trash slot `max_len`, then its block right after the valid entries; the buffers hold
+    that one slot more than `readable` shows."""
+    from dflash2.modeling.cache import DraftContextCache, StepSlots
+
+    cache = DraftContextCache(1, 2, 10, 1, 4, dtype=torch.float32, device="cpu")
+    cache.lengths = torch.tensor([3, 0])
+    counts = torch.tensor([2, 3])
+    first_blk = cache.lengths + counts
+    slots = StepSlots(cache.slots_for(3), first_blk[:, None] + cache.arange(2), counts, cache.max_len, cache.positions)
+    assert slots.both.tolist() == [[3, 4, 10, 5, 6], [0, 1, 2, 3, 4]]
+    assert cache.keys[0].shape[2] == 11 and all(t.shape[2] == 10 for t in cache.readable(0))
+
+
+def _steps_into(model, cache, dtype):
+    """`_cached_steps`' three drafting steps (uneven rows) into `cache`, inputs in `dtype`."""
+    cfg = model.config
+    n, H, q = len(cfg.target_layer_ids), cfg.hidden_size, 4
+    g = torch.Generator().manual_seed(11)
+    lengths, outs = torch.zeros(2, dtype=torch.long), []
+    with torch.no_grad():
+        for counts, width in ((torch.tensor([6, 3]), 6), (torch.tensor([2, 5]), 5), (torch.tensor([4, 1]), 5)):
+            start = lengths + counts
+            pos = torch.cat([lengths[:, None] + torch.arange(width), start[:, None] + torch.arange(q)], 1)
+            noise = torch.randn(2, q, H, generator=g).to(dtype)
+            feats = torch.randn(2, width, n * H, generator=g).to(dtype)
+            outs.append(model(pos, noise, feats, past_key_values=cache, context_lengths=counts))
+            lengths = start
+    return outs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cached_steps_gather_rope_from_the_table_with_the_modules_bits(monkeypatch, dtype):
+    """A cache made by `new_cache` holds the draft's RoPE table (`rope_table`): cached drafting
+    steps gather cos / sin from it, without calling the rotary module, and give the same hidden
+    states and cache bit for bit as steps that compute them (a cache without a table); a RoPE type
+    whose angles depend on the sequence length gets no table."""
+    model = randomize_(DFlash2DraftModel(tiny_draft_config()), seed=4).eval().to(dtype)
+    table_cache = model.new_cache(batch_size=2, max_len=40)
+    assert table_cache.rope is not None and table_cache.rope.dtype == dtype
+    plain_cache = model.new_cache(batch_size=2, max_len=40)
+    plain_cache.rope = None
+    calls = []
+    real = model.rotary_emb.forward
+    monkeypatch.setattr(model.rotary_emb, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    gathered = _steps_into(model, table_cache, dtype)
+    assert calls == []
+    computed = _steps_into(model, plain_cache, dtype)
+    assert len(calls) == 3
+    for a, b in zip(gathered, computed):
+        assert torch.equal(a, b)
+    for layer in range(model.config.num_hidden_layers):
+        assert torch.equal(table_cache.keys[layer], plain_cache.keys[layer])
+        assert torch.equal(table_cache.values[layer], plain_cache.values[layer])
+    monkeypatch.setattr(model.rotary_emb, "rope_type", "dynamic")
+    assert model.rope_table(8, dtype, "cpu") is None
+
+
 @pytest.mark.parametrize("variant", ["bidirectional", "causal", "window"])
 def test_cached_attention_kernel_equals_the_masked_reference(variant):
     """The cached (inference) attention through the split-key Triton kernel (interpreter on CPU)

@@ -184,8 +184,9 @@ class DecodeState:
         # uncompiled (inside compiled modules, the MLPs at "light" and everything at "full", each
         # linear runs as its own operator). In exact mode too: a column's bits depend on its weight
         # row, the input row and the tiling of the fused matrix, which every call and arm of a run
-        # shares. The DFlash2 draft (compiled "light" at every level) also gets its context's k/v
-        # as one launch.
+        # shares. The DFlash2 draft (compiled "light" at every level) projects its context rows
+        # with its block rows through the q/k/v group (kernel_impl "triton"); with the reference
+        # kernels it projects the context apart, and its k/v pair group runs that as one launch.
         self.mean_mode = None
         self.linear_mode = None
         if engine.invariant_exact or engine.linear_impl == "triton":

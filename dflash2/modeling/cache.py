@@ -20,21 +20,31 @@ class StepSlots:
     new context entries at the row's length on; `blk [B, q]`, the block right after the row's
     `counts [B]` valid entries (over the context's padding entries, which the block overwrites);
     and `both [B, c + q]`, the two in that order for one write of both, with each padding entry
-    pointed at slot `max_len`, past the cache (a write there is dropped), so that no two entries
-    of a row share a slot and the cache ends as the context write followed by the block write
-    leaves it in slots `0 .. max_len - 1`."""
+    pointed at the cache's trash slot `max_len` (`DraftContextCache`: never read), so that no
+    entry shares a readable slot with another of its row and the cache ends, in slots
+    `0 .. max_len - 1`, as the context write followed by the block write leaves it."""
 
-    def __init__(self, ctx: torch.Tensor, blk: torch.Tensor, counts: torch.Tensor, max_len: int):
+    def __init__(self, ctx: torch.Tensor, blk: torch.Tensor, counts: torch.Tensor, max_len: int,
+                 positions: torch.Tensor | None = None):
         self.ctx, self.blk, self.counts, self.max_len = ctx, blk, counts, max_len
+        self._positions = positions  # optional `arange(>= c)` on the slots' device (no kernel for it)
 
     @functools.cached_property
     def both(self) -> torch.Tensor:
-        valid = torch.arange(self.ctx.shape[1], device=self.ctx.device)[None] < self.counts[:, None]
+        c = self.ctx.shape[1]
+        j = self._positions[:c] if self._positions is not None and self._positions.numel() >= c else \
+            torch.arange(c, device=self.ctx.device)
+        valid = j[None] < self.counts[:, None]
         return torch.cat([torch.where(valid, self.ctx, self.max_len), self.blk], dim=1)
 
 
 class DraftContextCache:
-    """Per-layer buffers `k, v [B, nkv, max_len, hd]` and `lengths [B]` (int64)."""
+    """Per-layer buffers `k, v [B, nkv, max_len + 1, hd]` and `lengths [B]` (int64). Slots
+    `0 .. max_len - 1` hold entries; slot `max_len` is a trash slot that writes of padding entries
+    may hit and that nothing reads (`readable` gives the attention its `max_len` slots). `positions`,
+    `arange(max_len)` (slices of it replace per-step `arange` kernels); and optionally `rope`, the
+    draft's RoPE table `[max_len, 2, hd]` (cos, sin at positions 0 .. max_len - 1, in the draft's
+    dtype; `DFlash2DraftModel.rope_table`), so a step gathers its cos / sin instead of computing them."""
 
     def __init__(
         self,
@@ -46,26 +56,51 @@ class DraftContextCache:
         *,
         dtype: torch.dtype,
         device: torch.device | str,
+        rope: torch.Tensor | None = None,
     ):
-        shape = (batch_size, num_kv_heads, max_len, head_dim)
+        shape = (batch_size, num_kv_heads, max_len + 1, head_dim)  # + the trash slot
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.positions = torch.arange(max_len, device=device)
+        if rope is not None and (rope.dim() != 3 or rope.shape[0] != max_len or rope.shape[1] != 2):
+            raise ValueError(f"rope table must be [max_len={max_len}, 2, hd], got {tuple(rope.shape)}")
+        self.rope = rope
         self.max_len = max_len
 
     @classmethod
     def for_model(cls, model, batch_size: int, max_len: int, *, dtype=None, device=None) -> "DraftContextCache":
         cfg = model.config
         p = next(model.parameters())
+        device = device or p.device
+        table = getattr(model, "rope_table", None)
+        rope = table(max_len, p.dtype, device) if table is not None else None
         return cls(cfg.num_hidden_layers, batch_size, max_len, cfg.num_key_value_heads, cfg.head_dim,
-                   dtype=dtype or p.dtype, device=device or p.device)
+                   dtype=dtype or p.dtype, device=device, rope=rope)
+
+    def rope_at(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`(cos, sin)`, each `[B, S, hd]` (views of one gather), at `position_ids [B, S]` from the
+        table, or None without a table in `dtype`. Positions are clamped into the table: an entry
+        past it is a padding entry whose keys the cache drops or overwrites."""
+        if self.rope is None or self.rope.dtype != dtype:
+            return None
+        rows = self.rope[position_ids.clamp(0, self.max_len - 1)]  # [B, S, 2, hd]
+        return rows[..., 0, :], rows[..., 1, :]
+
+    def readable(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer_idx`'s keys and values without the trash slot, `[B, nkv, max_len, hd]` views."""
+        return self.keys[layer_idx][:, :, :self.max_len], self.values[layer_idx][:, :, :self.max_len]
 
     def reset(self) -> None:
         self.lengths.zero_()
 
     def slots_for(self, num_new: int) -> torch.Tensor:
         """Slot indices `[B, num_new]` where the next `num_new` entries of each row go."""
-        return self.lengths[:, None] + torch.arange(num_new, device=self.lengths.device)
+        return self.lengths[:, None] + self.arange(num_new)
+
+    def arange(self, n: int) -> torch.Tensor:
+        """`arange(n)` on the cache's device: a view of `positions` (no kernel) up to `max_len`."""
+        return self.positions[:n] if n <= self.max_len else torch.arange(n, device=self.positions.device)
 
     def write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """Scatter `k, v [B, nkv, c, hd]` into each row at `slots [B, c]`.

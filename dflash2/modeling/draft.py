@@ -191,7 +191,7 @@ class DraftAttention(nn.Module):
             # Inference: the attention reads the cache buffer in place (no [context; block] copy
             # per layer); `kernel_impl == "triton"` fuses the norms, RoPE and cache writes.
             Q = self._cached_qkv(u, ctx, rope_blk, rope_ctx, rope_all, cache, layer_idx, slots, kernel_impl)
-            K, V = cache.keys[layer_idx].to(Q.dtype), cache.values[layer_idx].to(Q.dtype)
+            K, V = (t.to(Q.dtype) for t in cache.readable(layer_idx))
             if mask.dtype == torch.bool:  # [B, 1, q, S] visibility
                 out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, enable_gqa=gqa).transpose(1, 2)
             else:  # [B, q] last visible slot per query: the split-key kernel, no mask tensor
@@ -303,6 +303,28 @@ class DFlash2DraftModel(PreTrainedModel):
 
     def new_cache(self, batch_size: int, max_len: int) -> DraftContextCache:
         return DraftContextCache.for_model(self, batch_size, max_len)
+
+    # RoPE variants whose angles depend on more than the position (the sequence length seen so far).
+    _LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+    @torch.no_grad()
+    def rope_table(self, length: int, dtype: torch.dtype, device) -> torch.Tensor | None:
+        """`[length, 2, hd]`: the rotary module's cos (`[:, 0]`) and sin (`[:, 1]`) in `dtype` at
+        positions 0 .. length - 1, or None for a RoPE type whose angles depend on more than the
+        position. Each entry is computed as the module computes it for that position (elementwise
+        ops on the same inputs), so gathering from the table gives the module's bits."""
+        if getattr(self.rotary_emb, "rope_type", "default") in self._LENGTH_DEPENDENT_ROPE:
+            return None
+        pos = torch.arange(length, device=device)[None]
+        cos, sin = self.rotary_emb(torch.empty(0, dtype=dtype, device=device), pos)
+        return torch.stack([cos[0], sin[0]], dim=1).contiguous()
+
+    def _rope(self, x: torch.Tensor, position_ids: torch.Tensor, cache: DraftContextCache | None):
+        """`(cos, sin)` `[B, S, hd]` in `x`'s dtype at `position_ids`: gathered from the cache's
+        table where it has one in that dtype (one gather per step instead of the module's
+        elementwise ops), else the rotary module's."""
+        rope = cache.rope_at(position_ids, x.dtype) if cache is not None else None
+        return rope if rope is not None else self.rotary_emb(x, position_ids)
 
     def noise_embedding(self, embed, block_tokens: torch.Tensor) -> torch.Tensor:
         """Target embeddings of `[anchor, mask, ...]` times `input_embedding_scale` (all slots)."""
@@ -420,7 +442,7 @@ class DFlash2DraftModel(PreTrainedModel):
         if position_ids.shape[1] != c + q:
             raise ValueError(f"position_ids covers {position_ids.shape[1]} positions, expected ctx {c} + block {q}")
         ctx = self.hidden_norm(self.fc(target_hidden))
-        cos, sin = self.rotary_emb(noise_embedding, position_ids)
+        cos, sin = self._rope(noise_embedding, position_ids, past_key_values)
         rope_ctx, rope_blk = (cos[:, :c], sin[:, :c]), (cos[:, c:], sin[:, c:])
         pos_blk = position_ids[:, c:]
 
@@ -433,8 +455,8 @@ class DFlash2DraftModel(PreTrainedModel):
             counts = _context_counts(B, c, context_lengths, pos_blk.device)
             first_blk = cache.lengths + counts  # [B] the block's slots follow the row's valid context
             cache.check_capacity(c, first_blk + q)
-            slots = StepSlots(cache.slots_for(c), first_blk[:, None] + torch.arange(q, device=pos_blk.device), counts,
-                              cache.max_len)
+            slots = StepSlots(cache.slots_for(c), first_blk[:, None] + cache.arange(q),
+                              counts, cache.max_len, cache.positions)
             masks = self._cached_visibility(pos_blk, first_blk, cache.max_len, attention_impl)
         else:
             valid_k = torch.ones(B, c + q, dtype=torch.bool, device=pos_blk.device)
@@ -475,7 +497,7 @@ class DFlash2DraftModel(PreTrainedModel):
         B, c, _ = target_hidden.shape
         position_ids = position_ids.expand(B, -1)
         ctx = self.hidden_norm(self.fc(target_hidden))
-        cos, sin = self.rotary_emb(ctx, position_ids)
+        cos, sin = self._rope(ctx, position_ids, cache)
         counts = _context_counts(B, c, context_lengths, ctx.device)
         cache.check_capacity(c)
         slots = cache.slots_for(c)
