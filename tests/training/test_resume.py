@@ -21,7 +21,7 @@ from dflash2.jsonl import read_jsonl
 from dflash2.training.state import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS, EVERY = 8, 2
+STEPS, EVERY = 12, 2  # steps past the kill point leave the poller time to kill a resumed run
 ARGS = [f"max_steps={STEPS}", f"checkpoint_every={EVERY}", "keep_checkpoints=0", "eval_max_new_tokens=0"]
 
 
