@@ -6,7 +6,8 @@ In the cached (inference) forward of `DraftAttention`, the reference ops cost ab
 kernels per layer: the norms, RoPE's `mul` / `neg` / `cat` / `add` for the queries, the block
 keys and the context keys, and four scatters into the cache (docs/PERFORMANCE.md, "Draft +
 select, kernel by kernel": RoPE and the cache writes took 264 us of the 1.58 ms draft + select
-step at batch 1, N = 15, in 95 launches). Here each of the three is one launch.
+step at batch 1, N = 15, in 95 launches). Here the queries are one launch, and the keys and values
+of the context and the block together another (`DraftAttention` projects both in one linear).
 
 Guarantees of the Triton path (`triton_kernels.py`):
 - **The reference's roundings.** Every op of the reference that rounds to the model's dtype
