@@ -206,7 +206,7 @@ def test_step_slots_send_padding_context_entries_to_the_unread_trash_slot():
     cache.lengths = torch.tensor([3, 0])
     counts = torch.tensor([2, 3])
     first_blk = cache.lengths + counts
-    slots = StepSlots(cache.slots_for(3), first_blk[:, None] + cache.arange(2), counts, cache.max_len, cache.positions)
+    slots = StepSlots(cache, counts, first_blk, 3, 2)
     assert slots.both.tolist() == [[3, 4, 10, 5, 6], [0, 1, 2, 3, 4]]
     assert cache.keys[0].shape[2] == 11 and all(t.shape[2] == 10 for t in cache.readable(0))
 

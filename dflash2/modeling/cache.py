@@ -16,26 +16,24 @@ import torch
 
 
 class StepSlots:
-    """Where one cached forward writes each layer's keys and values, per row: `ctx [B, c]`, the
-    new context entries at the row's length on; `blk [B, q]`, the block right after the row's
-    `counts [B]` valid entries (over the context's padding entries, which the block overwrites);
+    """Where one cached forward into `cache` writes each layer's keys and values, per row, for `c`
+    new context entries of which `counts [B]` are valid and a block of `q`: `ctx [B, c]`, the
+    context entries at the row's length on; `blk [B, q]`, the block right after the row's valid
+    entries, from `first_blk [B]` on (over the context's padding entries, which the block overwrites);
     and `both [B, c + q]`, the two in that order for one write of both, with each padding entry
     pointed at the cache's trash slot `max_len` (`DraftContextCache`: never read), so that no
     entry shares a readable slot with another of its row and the cache ends, in slots
     `0 .. max_len - 1`, as the context write followed by the block write leaves it."""
 
-    def __init__(self, ctx: torch.Tensor, blk: torch.Tensor, counts: torch.Tensor, max_len: int,
-                 positions: torch.Tensor | None = None):
-        self.ctx, self.blk, self.counts, self.max_len = ctx, blk, counts, max_len
-        self._positions = positions  # optional `arange(>= c)` on the slots' device (no kernel for it)
+    def __init__(self, cache: "DraftContextCache", counts: torch.Tensor, first_blk: torch.Tensor, c: int, q: int):
+        self.ctx = cache.slots_for(c)
+        self.blk = first_blk[:, None] + cache.arange(q)
+        self._cache, self._counts = cache, counts
 
     @functools.cached_property
     def both(self) -> torch.Tensor:
-        c = self.ctx.shape[1]
-        j = self._positions[:c] if self._positions is not None and self._positions.numel() >= c else \
-            torch.arange(c, device=self.ctx.device)
-        valid = j[None] < self.counts[:, None]
-        return torch.cat([torch.where(valid, self.ctx, self.max_len), self.blk], dim=1)
+        valid = self._cache.arange(self.ctx.shape[1])[None] < self._counts[:, None]
+        return torch.cat([torch.where(valid, self.ctx, self._cache.max_len), self.blk], dim=1)
 
 
 class DraftContextCache:
@@ -81,7 +79,7 @@ class DraftContextCache:
     def rope_at(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`(cos, sin)`, each `[B, S, hd]` (views of one gather), at `position_ids [B, S]` from the
         table, or None without a table in `dtype`. Positions are clamped into the table: an entry
-        past it is a padding entry whose keys the cache drops or overwrites."""
+        past it is a padding entry, whose keys go to the trash slot or are overwritten."""
         if self.rope is None or self.rope.dtype != dtype:
             return None
         rows = self.rope[position_ids.clamp(0, self.max_len - 1)]  # [B, S, 2, hd]

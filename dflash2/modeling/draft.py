@@ -455,8 +455,7 @@ class DFlash2DraftModel(PreTrainedModel):
             counts = _context_counts(B, c, context_lengths, pos_blk.device)
             first_blk = cache.lengths + counts  # [B] the block's slots follow the row's valid context
             cache.check_capacity(c, first_blk + q)
-            slots = StepSlots(cache.slots_for(c), first_blk[:, None] + cache.arange(q),
-                              counts, cache.max_len, cache.positions)
+            slots = StepSlots(cache, counts, first_blk, c, q)
             masks = self._cached_visibility(pos_blk, first_blk, cache.max_len, attention_impl)
         else:
             valid_k = torch.ones(B, c + q, dtype=torch.bool, device=pos_blk.device)
