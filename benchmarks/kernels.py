@@ -12,7 +12,9 @@ fp32 target logits; row attention at Qwen3-8B heads (32 / 8, hd 128) over a 512-
 with 1, 4 and 16 queries per row (the reference is SDPA with the per-row mask, the engine's
 default); the draft's norm-RoPE of a block's 16 keys and values into its cache (the reference:
 RMSNorm, RoPE and two scatters); the conv's finish side with the layer's residual add in one
-launch (the reference: the conv's launch, then PyTorch's add). ``--sweep`` also times alternative tilings (used to pick the defaults).
+launch (the reference: the conv's launch, then PyTorch's add); the same followed by the next
+sublayer's RMSNorm in one launch (the reference: the conv + residual launch, then the norm's
+PyTorch ops). ``--sweep`` also times alternative tilings (used to pick the defaults).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from collections.abc import Callable
 
 import torch
 
-from dflash2.kernels.dynamic_conv import _grouped_dynamic_conv_triton, grouped_dynamic_conv
+from dflash2.kernels.dynamic_conv import (_grouped_dynamic_conv_norm_triton, _grouped_dynamic_conv_triton,
+                                          grouped_dynamic_conv, rms_norm_reference)
 from dflash2.kernels.row_attention import _row_attention_triton, row_attention
 from dflash2.kernels.selector import selector_walk
 from dflash2.kernels.topk import _vocab_topk_triton, vocab_topk
@@ -112,6 +115,21 @@ def conv_residual_case(batch: int):
     return tri, two, nbytes, f"z[{batch},{Q},{H}] K{TAPS} g{GROUP} + residual"
 
 
+def conv_norm_case(batch: int, tiling: tuple[int, int] | None = None):
+    """The finish side with the residual add and the next sublayer's RMSNorm in one launch,
+    against the two launches it replaces (the conv with its residual, then Qwen3RMSNorm's PyTorch
+    ops, themselves several kernels) as the reference column. `tiling`: (block_h, num_warps)."""
+    sets, base, nbytes = _conv_inputs(batch, with_residual=True)
+    weight = (1 + 0.1 * torch.randn(H, device="cuda")).to(torch.bfloat16)
+    kw = {} if tiling is None else dict(zip(("block_h", "num_warps"), tiling))
+    tri = [(lambda z=z, p=p, r=r: _grouped_dynamic_conv_norm_triton(z, base, p, 1, Q, GROUP, r, weight, 1e-6, **kw))
+           for z, p, r in sets]
+    two = [(lambda z=z, p=p, r=r: rms_norm_reference(_grouped_dynamic_conv_triton(z, base, p, 1, Q, GROUP, residual=r),
+                                                     weight, 1e-6)) for z, p, r in sets]
+    nbytes += batch * Q * H * 2 + H * 2  # normed written, the weight read
+    return tri, two, nbytes, f"z[{batch},{Q},{H}] K{TAPS} g{GROUP} + residual + RMSNorm"
+
+
 def topk_case(batch: int, config: dict | None = None):
     rows = Q * batch
     nbytes = rows * V * 2
@@ -120,6 +138,20 @@ def topk_case(batch: int, config: dict | None = None):
     ref = [(lambda x=x: vocab_topk(x, K_CAND, impl="torch")) for x in sets]
     base = [(lambda x=x: torch.topk(x, K_CAND, dim=-1)) for x in sets]
     return tri, ref, base, nbytes, f"[{rows},{V}] bf16 k{K_CAND}"
+
+
+def topk_invalid_case(batch: int):
+    """The top-k with the rows' validity flags from its own two launches, against the draft
+    step's former pair: the Triton top-k, then `invalid_rows` over the logits (its own launches
+    and read of them) as the reference column."""
+    from dflash2.engine.sampling import invalid_rows
+
+    rows = Q * batch
+    nbytes = rows * V * 2
+    sets = [torch.randn(rows, V, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(_n_sets(nbytes, 32))]
+    tri = [(lambda x=x: _vocab_topk_triton(x, K_CAND, 1.0, 0.0, with_invalid=True)) for x in sets]
+    two = [(lambda x=x: (_vocab_topk_triton(x, K_CAND, 1.0, 0.0), invalid_rows(x.view(batch, Q, V)))) for x in sets]
+    return tri, two, nbytes, f"[{rows},{V}] bf16 k{K_CAND} + invalid"
 
 
 def walk_case(batch: int):
@@ -274,11 +306,16 @@ def main(argv: list[str] | None = None) -> str:
         row("dynamic_conv (1 application)", batch, shape, nbytes, tri, ref)
         tri, two, nbytes, shape = conv_residual_case(batch)
         row("dynamic_conv finish + residual (ref: conv, then add)", batch, shape, nbytes, tri, two)
+        tri, two, nbytes, shape = conv_norm_case(batch)
+        row("dynamic_conv finish + residual + RMSNorm (ref: conv + residual, then the norm)", batch, shape, nbytes,
+            tri, two)
         tri, ref, base, nbytes, shape = topk_case(batch)
         t = row("vocab_topk", batch, shape, nbytes, tri, ref)
         be, bg = _time_eager_us(base), _time_graph_us(base, max(20, len(base)))
         tab.add("  torch.topk baseline (bf16)", batch, shape, nbytes / 1e6, t, nbytes / (t * 1e-6) / 1e9,
                 100 * nbytes / (t * 1e-6) / 1e9 / bw, be, bg, be / t, bg / t)
+        tri, two, nbytes, shape = topk_invalid_case(batch)
+        row("vocab_topk with_invalid (ref: vocab_topk, then invalid_rows)", batch, shape, nbytes, tri, two)
         tri, ref, nbytes, shape = walk_case(batch)
         row("selector_walk", batch, shape, nbytes, tri, ref, reps=10)
         for sampled in (False, True):
@@ -361,6 +398,9 @@ def _sweeps(batches: list[int], bw: float, kernels: set[str] = set(SWEPT)) -> st
             for tiling in ((16, 64, 4), (16, 64, 2), (8, 128, 4), (4, 256, 4), (2, 512, 4), (16, 256, 8)):
                 tri, _, nbytes, _ = conv_case(batch, tiling)
                 timed("dynamic_conv", batch, "block_t {} block_h {} warps {}".format(*tiling), tri, nbytes, 20)
+            for tiling in ((4096, 8), (4096, 16), (4096, 4), (2048, 8), (1024, 4)):
+                tri, _, nbytes, _ = conv_norm_case(batch, tiling)
+                timed("dynamic_conv + RMSNorm", batch, "block_h {} warps {}".format(*tiling), tri, nbytes, 20)
         torch.cuda.empty_cache()
     parts.append(tab.markdown())
     return "\n".join(parts)

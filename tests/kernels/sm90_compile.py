@@ -126,13 +126,14 @@ def cases():
     """(label, zero-argument call of a Triton wrapper, constexpr overrides) at the engine's shapes."""
     import torch
 
-    from dflash2.kernels.dynamic_conv import _grouped_dynamic_conv_triton
+    from dflash2.kernels.dynamic_conv import _grouped_dynamic_conv_norm_triton, _grouped_dynamic_conv_triton
     from dflash2.kernels.keyed_random import keyed_uniform_triton
     from dflash2.kernels.linear import MAX_ROWS, _DEFAULT_SMS, _small_m_linear_triton, default_config
     from dflash2.kernels.norm_rope import norm_rope, norm_rope_into_cache
     from dflash2.kernels.row_attention import _row_attention_triton
     from dflash2.kernels.row_mean import _row_mean_triton, _num_warps, block_k_for
     from dflash2.kernels.selector import _selector_walk_triton
+    from dflash2.kernels.silu_mul import silu_mul
     from dflash2.kernels.topk import _vocab_topk_triton
     from dflash2.kernels.verify import _verify_block_triton
 
@@ -190,6 +191,10 @@ def cases():
     for vocab, dt in ((151936, bf16), (49152, f32)):
         out.append((f"vocab_topk V={vocab} {str(dt)[6:]}",
                     lambda v=vocab, dt=dt: _vocab_topk_triton(e(16, v, dtype=dt), 16, 1.0, 0.0)))
+        for m in (16, 128):  # with the rows' validity flags (the draft step's call), both tilings
+            out.append((f"vocab_topk V={vocab} {str(dt)[6:]} M={m} with_invalid",
+                        lambda v=vocab, dt=dt, m=m: _vocab_topk_triton(e(m, v, dtype=dt), 16, 1.0, 0.0,
+                                                                       with_invalid=True)))
         out.append((f"verify_block V={vocab} N=15",
                     lambda v=vocab: _verify_block_triton(
                         e(1, 16, v, dtype=f32), torch.zeros(1, 15, dtype=i64), torch.zeros(1, 15, 16, dtype=i64),
@@ -206,6 +211,16 @@ def cases():
     out.append(("grouped_dynamic_conv finish + residual H=4096 bfloat16", lambda: _grouped_dynamic_conv_triton(
         e(8, 16, 4096, dtype=bf16), e(2, 2, 4096, dtype=bf16), e(8, 16, 2 * 2 * 256, dtype=bf16), 1, 16, 16,
         residual=e(8, 16, 4096, dtype=bf16))))
+    # the finish side + residual + the next RMSNorm: one chunk per row (H 4096, 576), and chunked
+    for b, hidden, dt, bh in ((1, 4096, bf16, None), (8, 4096, bf16, None), (8, 4096, bf16, 1024), (8, 576, f32, None)):
+        out.append((f"grouped_dynamic_conv_norm B={b} H={hidden} {str(dt)[6:]}" + (f" chunk {bh}" if bh else ""),
+                    lambda b=b, h=hidden, dt=dt, bh=bh: _grouped_dynamic_conv_norm_triton(
+                        e(b, 16, h, dtype=dt), e(2, 2, h, dtype=dt), e(b, 16, 2 * 2 * (h // 16), dtype=dt), 1, 16, 16,
+                        e(b, 16, h, dtype=dt), e(h, dtype=dt), 1e-6, block_h=bh)))
+    # the draft MLP's SwiGLU product, gate and up as column slices of the fused gate/up output
+    for rows, inter, dt in ((16, 12288, bf16), (64, 1536, f32)):
+        out.append((f"silu_mul rows={rows} I={inter} {str(dt)[6:]}", lambda r=rows, i=inter, dt=dt: silu_mul(
+            *e(r, 2 * i, dtype=dt).split(i, dim=1), impl="triton")))
     out.append(("keyed_uniform", lambda: keyed_uniform_triton(torch.zeros(8, dtype=i64), 1, torch.zeros(8, dtype=i64),
                                                              torch.arange(8))))
     return out

@@ -152,6 +152,21 @@ def test_walk_ties_pick_lowest_index(triton_device) -> None:
         assert (q[..., 0] == 1).all()
 
 
+def test_triton_walk_reads_a_strided_eta(triton_device) -> None:
+    # The engine's eta can be a column slice of one fused launch's output (selector gate and LM
+    # head): rows strided, unit stride along R. The walk reads it in place, with the same result.
+    args = list(_problem(3, 4, 6, 16, 50, device=triton_device))
+    wide = torch.randn(3, 4, 40, device=triton_device)
+    wide[..., 8:24] = args[2]
+    strided = wide[..., 8:24]
+    assert not strided.is_contiguous() and strided.stride(-1) == 1
+    want = selector_walk(*args, impl="triton")
+    args[2] = strided
+    got = selector_walk(*args, impl="triton")
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
 def test_sampled_walk_follows_q() -> None:
     # One slot, 20000 requests that differ only in seed: the picks must follow softmax(row / T).
     # Chi-square with k - 1 = 5 dof at false-alarm rate 1e-3 (critical value 20.52); fixed seeds.

@@ -1,10 +1,16 @@
-"""Grouped dynamic depthwise causal conv of DFlash2 (spec 4.2-4.3): prepare / finish sides."""
+"""Grouped dynamic depthwise causal conv of DFlash2 (spec 4.2-4.3): prepare / finish sides.
+
+`grouped_dynamic_conv`: one side, optionally with the layer's residual add in its epilogue.
+`grouped_dynamic_conv_norm`: the finish side with its residual add and the next sublayer's
+RMSNorm (Qwen3RMSNorm) of the result, in one launch with ``impl="triton"``.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from dflash2.kernels.dynamic_conv.reference import grouped_dynamic_conv_reference
+from dflash2.kernels.dynamic_conv.reference import (grouped_dynamic_conv_norm_reference,
+                                                    grouped_dynamic_conv_reference, rms_norm_reference)
 
 try:
     from dflash2.kernels.dynamic_conv import triton_kernels as _tk
@@ -12,12 +18,16 @@ try:
 except ImportError:  # triton missing: only impl="torch" works (resolve_impl says so)
     _tk = None
 
-__all__ = ["grouped_dynamic_conv", "grouped_dynamic_conv_reference"]
+__all__ = ["grouped_dynamic_conv", "grouped_dynamic_conv_norm", "grouped_dynamic_conv_reference",
+           "grouped_dynamic_conv_norm_reference", "rms_norm_reference"]
 
 # Tile: 4 tokens x 256 channels, 4 warps (8 elements a thread): fastest or tied at batch 1/8/32
 # in the H200 sweep of docs/PERFORMANCE.md (more, smaller programs hide the load latency).
 _BLOCK_T = 4
 _BLOCK_H = 256
+# Conv + norm: one program per token row; a row of up to _NORM_BLOCK_H channels is one chunk that
+# stays in registers between the conv and the norm (H 4096: 16 fp32 values a thread at 8 warps).
+_NORM_BLOCK_H = 4096
 
 
 def _check(z: torch.Tensor, base: torch.Tensor, proj: torch.Tensor, side: int, block_len: int, group_size: int,
@@ -54,13 +64,7 @@ def _grouped_dynamic_conv_triton(
     block_t: int = _BLOCK_T,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    tensors = (z, base, proj) + (() if residual is None else (residual,))
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        raise RuntimeError(
-            "grouped_dynamic_conv(impl='triton') is forward-only and refuses inputs that require "
-            "grad while autograd is recording; train with impl='torch' or call it under "
-            "torch.no_grad() / torch.inference_mode()."
-        )
+    _refuse_grad("grouped_dynamic_conv", (z, base, proj) + (() if residual is None else (residual,)))
     bsz, seq, hidden = z.shape
     taps = base.shape[1]
     out = torch.empty_like(z)
@@ -79,8 +83,72 @@ def _grouped_dynamic_conv_triton(
     return out
 
 
+def _refuse_grad(name: str, tensors: tuple[torch.Tensor, ...]) -> None:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise RuntimeError(
+            f"{name}(impl='triton') is forward-only and refuses inputs that require "
+            "grad while autograd is recording; train with impl='torch' or call it under "
+            "torch.no_grad() / torch.inference_mode()."
+        )
+
+
 def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
+
+
+def _check_norm(z: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor) -> None:
+    if residual is None:
+        raise ValueError("grouped_dynamic_conv_norm needs the residual [B, T, H]")
+    hidden = z.shape[-1]
+    if tuple(norm_weight.shape) != (hidden,) or norm_weight.dtype != z.dtype:
+        raise ValueError(f"norm_weight must be [H={hidden}] in {z.dtype}, "
+                         f"got {tuple(norm_weight.shape)} in {norm_weight.dtype}")
+
+
+def _grouped_dynamic_conv_norm_triton(
+    z: torch.Tensor,
+    base: torch.Tensor,
+    proj: torch.Tensor,
+    side: int,
+    block_len: int,
+    group_size: int,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    block_h: int | None = None,
+    num_warps: int | None = None,
+    out: torch.Tensor | None = None,
+    normed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one launch of `grouped_dynamic_conv_norm`; `block_h` (a power of two) and `num_warps`
+    override the tiling, `out` / `normed` (`[B, T, H]` of z's dtype) the outputs' buffers."""
+    _refuse_grad("grouped_dynamic_conv_norm", (z, base, proj, residual, norm_weight))
+    if z.dtype not in _KIND:
+        raise ValueError(f"grouped_dynamic_conv_norm(impl='triton') takes {tuple(_KIND)}, got {z.dtype}; "
+                         "use impl='torch'")
+    bsz, seq, hidden = z.shape
+    out = torch.empty_like(z) if out is None else out
+    normed = torch.empty_like(z) if normed is None else normed
+    for name, t in (("out", out), ("normed", normed)):
+        if t.shape != z.shape or t.dtype != z.dtype:
+            raise ValueError(f"{name} must be [B, T, H] = {tuple(z.shape)} in {z.dtype}, "
+                             f"got {tuple(t.shape)} in {t.dtype}")
+    if z.numel() == 0:
+        return out, normed
+    if block_h is None:
+        block_h = min(_NORM_BLOCK_H, 1 << max(hidden - 1, 0).bit_length())
+    if num_warps is None:
+        num_warps = 4 if block_h <= 1024 else 8
+    _tk._grouped_dynamic_conv_norm_fwd[(seq, bsz)](
+        z, base, proj, residual, norm_weight, out, normed,
+        seq, hidden, block_len, side, float(eps),
+        *z.stride(), *base.stride(), *proj.stride(), *residual.stride(), norm_weight.stride(0),
+        *out.stride(), *normed.stride(),
+        K=base.shape[1], G=hidden // group_size, GROUP=group_size,
+        BLOCK_H=block_h, CHUNKS=_cdiv(hidden, block_h), KIND=_KIND[z.dtype],
+        num_warps=num_warps,
+    )
+    return out, normed
 
 
 def grouped_dynamic_conv(
@@ -126,4 +194,59 @@ def grouped_dynamic_conv(
         if _tk is None:
             raise RuntimeError("impl='triton' needs the 'triton' package (`pip install triton`).")
         return _grouped_dynamic_conv_triton(z, base, proj, side, block_len, group_size, residual=residual)
+    raise ValueError(f"impl must be resolved to 'torch' or 'triton', got {impl!r}")
+
+
+def grouped_dynamic_conv_norm(
+    z: torch.Tensor,
+    base: torch.Tensor,
+    proj: torch.Tensor,
+    side: int,
+    block_len: int,
+    group_size: int,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    impl: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A conv side with the residual add, and the RMSNorm of the result: a draft sublayer's end
+    and the next sublayer's input norm (one launch with ``"triton"``).
+
+    ``out = residual + conv(z)`` exactly as ``grouped_dynamic_conv(z, base, proj, side, block_len,
+    group_size, impl, residual=residual)`` returns it; ``normed = norm_weight * (out * rsqrt(
+    mean(out^2) + eps)).to(dtype)``, the mean and root in fp32, as ``Qwen3RMSNorm`` computes it
+    (:func:`rms_norm_reference`).
+
+    Guarantees of ``"triton"`` (bf16, fp16, fp32): ``out`` has the bits of the conv's own Triton
+    launch with the residual (the same tile function); ``normed`` rounds where the reference
+    rounds, so it differs from it only through the order of the mean's fp32 sum (a tree within
+    each chunk of the row, the chunks in order) and, in 16-bit dtypes on the GPU, the approximate
+    rsqrt's last bit (torch's CUDA rsqrt is approximate too): in bf16 / fp16 within two units in
+    the last place (one fp32 ulp of the inverse root can move both roundings) and bit-identical in
+    nearly every element; in fp32 within a few ulps (the
+    inverse root correctly rounded). Each
+    row's result depends on that row alone (one program per token). No host sync and no device
+    value read on the host (CUDA-graph safe); forward only (refuses inputs that require grad
+    while grad mode is on).
+
+    Args:
+        z, base, proj, side, block_len, group_size: as :func:`grouped_dynamic_conv`.
+        residual: ``[B, T, H]`` in ``z.dtype``.
+        norm_weight: ``[H]`` in ``z.dtype``, the RMSNorm's weight.
+        eps: the RMSNorm's epsilon (``variance_epsilon``).
+        impl: ``"torch"`` (differentiable reference) or ``"triton"``, already resolved.
+
+    Returns:
+        ``(out, normed)``, both ``[B, T, H]`` in ``z.dtype``.
+    """
+    _check(z, base, proj, side, block_len, group_size, residual)
+    _check_norm(z, residual, norm_weight)
+    if impl == "torch":
+        return grouped_dynamic_conv_norm_reference(z, base, proj, side, block_len, group_size, residual,
+                                                   norm_weight, eps)
+    if impl == "triton":
+        if _tk is None:
+            raise RuntimeError("impl='triton' needs the 'triton' package (`pip install triton`).")
+        return _grouped_dynamic_conv_norm_triton(z, base, proj, side, block_len, group_size, residual, norm_weight,
+                                                 eps)
     raise ValueError(f"impl must be resolved to 'torch' or 'triton', got {impl!r}")

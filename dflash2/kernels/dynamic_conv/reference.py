@@ -4,7 +4,9 @@
                                               * z[b, i - t, c]
 
 This is the CPU path and the training (autograd) path; it accumulates in fp32 (fp64 for fp64
-inputs, which the tests use as ground truth) and returns ``z.dtype``.
+inputs, which the tests use as ground truth) and returns ``z.dtype``. The finish side followed by
+the next sublayer's RMSNorm (`grouped_dynamic_conv_norm_reference`) is this conv with its
+residual, then Qwen3RMSNorm's own ops (`rms_norm_reference`).
 """
 
 from __future__ import annotations
@@ -42,3 +44,28 @@ def grouped_dynamic_conv_reference(
         out = out + keep * term
     out = out.to(z.dtype)
     return out if residual is None else residual + out
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3RMSNorm of `x [..., H]` with `weight [H]` (x's dtype): `w * (x * rsqrt(mean(x^2) + eps))
+    .to(x.dtype)`, the mean and root in fp32 (fp64 for fp64 inputs: a ground truth), in the
+    module's order of ops and roundings (the tests check it equals the module bit for bit)."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def grouped_dynamic_conv_norm_reference(
+    z: torch.Tensor,
+    base: torch.Tensor,
+    proj: torch.Tensor,
+    side: int,
+    block_len: int,
+    group_size: int,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of :func:`dflash2.kernels.dynamic_conv.grouped_dynamic_conv_norm`:
+    `out = residual + conv(z)` (`grouped_dynamic_conv_reference`), `normed = rms_norm_reference(out)`."""
+    out = grouped_dynamic_conv_reference(z, base, proj, side, block_len, group_size, residual)
+    return out, rms_norm_reference(out, norm_weight, eps)

@@ -22,7 +22,8 @@ def _next_pow2(n: int) -> int:
 def _selector_walk_triton(unary, cand_ids, eta, pred_codebook, succ_codebook, anchor, temperature, seeds, positions):
     bsz, n_slots, k = unary.shape
     rank = eta.shape[-1]
-    unary, cand_ids, eta = unary.contiguous(), cand_ids.contiguous(), eta.contiguous()
+    unary, cand_ids = unary.contiguous(), cand_ids.contiguous()
+    eta = eta if eta.stride(-1) == 1 else eta.contiguous()  # read by its row strides (a fused output's slice)
     pred_codebook, succ_codebook = pred_codebook.contiguous(), succ_codebook.contiguous()
     dev = unary.device
     tokens = torch.empty(bsz, n_slots, dtype=torch.int64, device=dev)

@@ -6,6 +6,9 @@ an order among ties, so the definition is a stable descending sort (`vocab_topk_
 values keep index order). The reference used at run time gets the same answer without sorting
 the whole vocabulary: `torch.topk` finds the k-th largest value t; every entry > t is in, and
 the entries == t fill the remaining places in index order; a stable sort of those k orders them.
+
+invalid[m] = True iff raw row m holds a NaN or a +inf, or no entry > -inf (all -inf): the rows
+with no defined argmax / softmax (`dflash2.engine.sampling.invalid_rows`, one row at a time).
 """
 
 from __future__ import annotations
@@ -53,3 +56,13 @@ def vocab_topk_reference(
     order = torch.sort(rank.gather(-1, ids), dim=-1, descending=True, stable=True).indices
     ids = ids.gather(-1, order)
     return values.gather(-1, ids).float().contiguous(), ids.contiguous()
+
+
+def invalid_rows_reference(logits: torch.Tensor) -> torch.Tensor:
+    """``[M]`` bool of raw ``logits [M, V]``: True iff the row holds a NaN or a +inf, or has no
+    entry > -inf (every entry -inf). Judged before any multiplier / softcap.
+
+    One reduction: the row max is NaN if any entry is NaN (``amax`` propagates NaN), +inf if any
+    entry is +inf, -inf iff every entry is -inf, and finite otherwise.
+    """
+    return ~torch.isfinite(logits.amax(-1))

@@ -13,6 +13,15 @@
 # tl.topk over the NG group keys, reload those KP groups (KP*S int64 keys, cache-hot) and take
 # tl.topk of them. Stage 2, one program per row: tl.topk over the n_chunks*KP partial keys, decode.
 # KP = next power of two >= k (tl.topk needs one); keys are unique, so the first k are the top-k.
+#
+# Validity (INVALID), from the raw logits x of stage 1's full load (masked lanes count as 0):
+#
+#   state[x] = 2 if x is NaN (x != x) or +inf,  1 if x > -inf,  0 if x == -inf
+#   state[row, chunk] = max over the chunk's entries;  invalid[row] = (max over chunks != 1)
+#
+# A row's max state is 2 iff it holds a NaN or a +inf, 0 iff every entry is -inf, 1 otherwise,
+# so invalid[row] == ~isfinite(amax(logits[row])). Stage 1 stores its int8 state per (row, chunk);
+# stage 2 reduces the row's n_chunks states.
 import triton
 import triton.language as tl
 
@@ -66,10 +75,22 @@ def _ordered(value):
 
 
 @triton.jit
+def _validity_state(x, ok):
+    # Raw logits -> 2 (NaN or +inf), 1 (> -inf), 0 (-inf or masked off). Compared exactly: 16-bit
+    # and fp32 widen to fp32 without rounding (the conversion _head_value makes anyway; the
+    # interpreter also compares bf16 wrongly), fp64 stays fp64 (fp32 would round 1e300 to inf).
+    if x.dtype != tl.float64:
+        x = x.to(tl.float32)
+    bad = (x != x) | (x == float("inf"))
+    return tl.where(ok, tl.where(bad, 2, tl.where(x > float("-inf"), 1, 0)), 0)
+
+
+@triton.jit
 def _topk_chunk_kernel(
-    x_ptr, part_ptr, V, stride_xm, n_chunks, multiplier, softcap,
-    KP: tl.constexpr, NG: tl.constexpr, S: tl.constexpr, SOFTCAP: tl.constexpr,
+    x_ptr, part_ptr, state_ptr, V, stride_xm, n_chunks, multiplier, softcap,
+    KP: tl.constexpr, NG: tl.constexpr, S: tl.constexpr, SOFTCAP: tl.constexpr, INVALID: tl.constexpr,
 ):
+    # state_ptr: int8 [M, n_chunks], written only when INVALID (may be None otherwise).
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     start = chunk * (NG * S)
@@ -79,6 +100,9 @@ def _topk_chunk_kernel(
     offs = start + g[:, None] * S + s[None, :]  # [NG, S]
     ok = offs < V
     x = tl.load(row_ptr + offs, mask=ok, other=0.0)
+    if INVALID:  # from the raw logits of this full load (the second load reads KP groups only)
+        state = tl.max(tl.max(_validity_state(x, ok), axis=1), axis=0)
+        tl.store(state_ptr + row.to(tl.int64) * n_chunks + chunk, state.to(tl.int8))
     # Group key = (max ordered value of the group, then lowest group id): int32 work per entry.
     o = tl.where(ok, _ordered(_head_value(x, multiplier, softcap, SOFTCAP)), -2147483648)
     gkey = tl.max(o, axis=1).to(tl.int64) * 4294967296 + (4294967295 - g.to(tl.int64))
@@ -95,9 +119,10 @@ def _topk_chunk_kernel(
 
 @triton.jit
 def _topk_merge_kernel(
-    part_ptr, val_ptr, idx_ptr, n_part, stride_vm, stride_im,
-    K: tl.constexpr, KP: tl.constexpr, NPART: tl.constexpr,
+    part_ptr, val_ptr, idx_ptr, state_ptr, inv_ptr, n_part, n_chunks, stride_vm, stride_im,
+    K: tl.constexpr, KP: tl.constexpr, NPART: tl.constexpr, NCH: tl.constexpr, INVALID: tl.constexpr,
 ):
+    # state_ptr: int8 [M, n_chunks] from stage 1, inv_ptr: bool [M]; used only when INVALID.
     row = tl.program_id(0)
     offs = tl.arange(0, NPART)
     keys = tl.load(part_ptr + row.to(tl.int64) * n_part + offs, mask=offs < n_part, other=_SENT)
@@ -106,3 +131,7 @@ def _topk_merge_kernel(
     val, idx = _decode_key(best)
     tl.store(val_ptr + row.to(tl.int64) * stride_vm + kk, val, mask=kk < K)
     tl.store(idx_ptr + row.to(tl.int64) * stride_im + kk, idx, mask=kk < K)
+    if INVALID:
+        c = tl.arange(0, NCH)
+        state = tl.load(state_ptr + row.to(tl.int64) * n_chunks + c, mask=c < n_chunks, other=0)
+        tl.store(inv_ptr + row, tl.max(state.to(tl.int32), axis=0) != 1)
