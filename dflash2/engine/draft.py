@@ -22,7 +22,6 @@ import torch
 
 from dflash2.kernels.selector import selector_walk
 from dflash2.kernels.topk import vocab_topk
-from dflash2.engine.sampling import invalid_rows
 
 
 @dataclass
@@ -96,6 +95,9 @@ class DFlash2Proposer:
         self.cache = draft.new_cache(batch_size, max_len)
         cfg = draft.config
         self.mask_token_id = int(cfg.mask_token_id)
+        # The block's mask slots, one row for any N < block size (a slice, no fill kernel per step).
+        self._mask_ids = torch.full((1, max(1, draft.block_size - 1)), self.mask_token_id, dtype=torch.long,
+                                    device=self.cache.lengths.device)
         self.multiplier = float(cfg.output_multiplier)
         self.softcap = float(cfg.final_logit_softcapping)
         self.selector = draft.candidate_selector if draft.selector_enabled and use_selector else None
@@ -114,9 +116,10 @@ class DFlash2Proposer:
         b = step.anchor.shape[0]
         dev = step.anchor.device
         t0 = self.clock()
-        block = torch.full((b, 1 + n), self.mask_token_id, dtype=torch.long, device=dev)
-        block[:, 0] = step.anchor
-        block_pos = step.start[:, None] + torch.arange(1 + n, device=dev)  # [B, 1+N]
+        if n > self._mask_ids.shape[1]:
+            raise ValueError(f"N={n} speculative tokens exceed the draft's block of {self._mask_ids.shape[1] + 1}")
+        block = torch.cat([step.anchor[:, None], self._mask_ids[:, :n].expand(b, n)], dim=1)  # [B, 1+N]
+        block_pos = step.start[:, None] + self.cache.arange(1 + n)  # [B, 1+N]
         noise = self.draft.noise_embedding(self.target.embed, block)  # [B, 1+N, H]
         hidden = self.draft(
             position_ids=torch.cat([step.context_positions, block_pos], dim=1),
@@ -133,17 +136,20 @@ class DFlash2Proposer:
         # and on such a strided 3-D input F.linear ran a batched GEMM that read the whole LM head
         # once per row (9.3 ms at batch 32, N = 3 on the H200, against 0.3 ms for one read).
         hidden = hidden.contiguous()
+        # The gate before the head: under the engine's linear mode the two are one fused launch
+        # whose first member is the gate (`dflash2.engine.state`), and the head takes its slice.
+        eta = self.selector.gate(hidden) if self.selector is not None else None  # [B, N, R]
         logits = self.target.head(hidden)  # [B, N, V]
-        invalid = invalid_rows(logits)
-        values, ids = vocab_topk(logits.view(b * n, -1), self.top_k, multiplier=self.multiplier,
-                                 softcap=self.softcap, impl=self.impl)
+        # The top-k's own launches also flag slots with a NaN, a +inf or no finite logit.
+        values, ids, bad_slot = vocab_topk(logits.view(b * n, -1), self.top_k, multiplier=self.multiplier,
+                                           softcap=self.softcap, impl=self.impl, with_invalid=True)
+        invalid = bad_slot.view(b, n).any(-1)  # [B], as `invalid_rows(logits)`
         values, ids = values.view(b, n, -1), ids.view(b, n, -1)  # [B, N, k]
         if self.selector is None:
             # v1: per-slot argmax, one-hot q (independent per-slot sampling would be incoherent).
             tokens, cand_ids = ids[..., 0], ids[..., :1]
             q = torch.ones(b, n, 1, dtype=torch.float32, device=dev)
         else:
-            eta = self.selector.gate(hidden)  # [B, N, R]
             tokens, _chosen, q = selector_walk(
                 values, ids, eta, self.selector.predecessor_codebook, self.selector.successor_codebook,
                 step.anchor, step.temperature, step.seeds, step.start + 1, impl=self.impl,

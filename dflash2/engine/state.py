@@ -35,13 +35,28 @@ from dflash2.engine.draft import DraftStep, Proposal
 from dflash2.engine.reports import REPORT_ROWS, StepReports
 from dflash2.engine.settings import EXACT_SPLIT_KEYS, EngineSettings
 from dflash2.engine.sampling import filter_logits, invalid_rows
-from dflash2.kernels.linear import MAX_ROWS, SmallMLinearMode, fusable_groups
+from dflash2.kernels.linear import MAX_ROWS, FusedLinears, SmallMLinearMode, fusable_groups
 from dflash2.kernels.verify import verify_block
 from dflash2.target import TargetModel
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)  # graph-path batch sizes; above 32, multiples of 32
 LEN_BUCKET = 512  # slots per row of a reusable state, rounded up to a multiple of this
 _ATTR = "_dflash2_decode_state"
+
+
+def _selector_head_group(proposer, tgt: TargetModel) -> list[FusedLinears]:
+    """The DFlash2 proposer's selector gate and the target's LM head as one fused group (both read
+    the draft's final states; `DFlash2Proposer.propose` calls the gate first, so the target's own
+    head calls, with other inputs, stay unfused), or none where they do not fuse (no selector,
+    another dtype, a head that is not an `nn.Linear`)."""
+    selector = getattr(proposer, "selector", None)
+    head = tgt.model.get_output_embeddings()
+    if selector is None or not isinstance(head, torch.nn.Linear):
+        return []
+    try:
+        return [FusedLinears([selector.hidden_projection, head])]
+    except ValueError:
+        return []
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -194,6 +209,7 @@ class DecodeState:
             draft = getattr(proposer, "draft", None)
             if isinstance(draft, torch.nn.Module):
                 fused += fusable_groups(draft, kv_pairs=True)
+            fused += _selector_head_group(proposer, tgt)
             self.linear_mode = SmallMLinearMode("triton", device, max_rows=None if engine.invariant_exact else MAX_ROWS,
                                                 fused=fused)
         if engine.invariant_exact:

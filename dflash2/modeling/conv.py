@@ -15,7 +15,10 @@ import torch
 from torch import nn
 
 from dflash2.kernels.dispatch import resolve_impl
-from dflash2.kernels.dynamic_conv import grouped_dynamic_conv
+from dflash2.kernels.dynamic_conv import grouped_dynamic_conv, grouped_dynamic_conv_norm
+
+
+_NORM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the fused finish + norm launch takes
 
 
 class GroupedDynamicConv(nn.Module):
@@ -88,3 +91,19 @@ class GroupedDynamicConv(nn.Module):
                                                    impl=impl)
         return grouped_dynamic_conv(z, self.base_kernel, proj, side, block_len, self.group_size, impl=impl,
                                     residual=residual)
+
+    def finish_norm(self, y: torch.Tensor, proj: torch.Tensor, block_len: int, impl: str,
+                    residual: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(x, norm(x))` with `x = residual + finish(y)` (`forward(y, proj, 1, block_len, impl,
+        residual=residual)`), where `norm` is the RMSNorm that reads `x` next (`weight [H]` and
+        `variance_epsilon`, as transformers' RMSNorms hold them). One launch
+        (`grouped_dynamic_conv_norm`) with `impl == "triton"`, `y`, `residual` and the norm's
+        weight of one dtype the kernel takes (bf16, fp16, fp32), and nothing needing grad: `x` the bits of the separate call, `norm(x)`
+        the module's up to its sum's order. Otherwise the call and then the module."""
+        tensors = (y, proj, self.base_kernel, residual, norm.weight)
+        if (impl == "triton" and residual.dtype == y.dtype == norm.weight.dtype and y.dtype in _NORM_DTYPES
+                and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
+            return grouped_dynamic_conv_norm(y, self.base_kernel, proj, 1, block_len, self.group_size, residual,
+                                             norm.weight, norm.variance_epsilon, impl="triton")
+        x = self(y, proj, 1, block_len, impl, residual=residual)
+        return x, norm(x)

@@ -29,6 +29,7 @@ from dflash2.kernels.dispatch import triton_interpreter_enabled
 from dflash2.kernels.norm_rope import fits as norm_rope_fits
 from dflash2.kernels.norm_rope import norm_rope, norm_rope_into_cache
 from dflash2.kernels.row_attention import kernel_fits, row_attention
+from dflash2.kernels.silu_mul import silu_mul
 from dflash2.modeling.cache import DraftContextCache, StepSlots
 from dflash2.modeling.conv import GroupedDynamicConv
 from dflash2.modeling.selector import CandidateSelector
@@ -226,20 +227,49 @@ class DraftDecoderLayer(nn.Module):
         else:
             self.attention_conv = self.mlp_conv = None
 
-    def forward(self, x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len, conv_impl=None, rope_all=None):
-        u = self.input_layernorm(x)
+    def _mlp(self, u: torch.Tensor, impl: str | None) -> torch.Tensor:
+        """The MLP of `u [B, q, H]`. With `impl == "triton"`, a SiLU MLP and nothing needing grad:
+        its gate and up projections called in that order on `u` (one launch under a linear mode
+        with the draft's fused groups), `silu_mul` (one launch) and its down projection, the
+        module's own math in one launch fewer than a compiled module's gate, up, fused product and
+        down (a compiled module runs each linear alone). Otherwise the module's forward."""
+        mlp = self.mlp
+        cfg = getattr(mlp, "config", None)
+        if (impl != "triton" or getattr(cfg, "hidden_act", None) != "silu"
+                or (torch.is_grad_enabled() and u.requires_grad)):
+            return mlp(u)
+        return mlp.down_proj(silu_mul(mlp.gate_proj(u), mlp.up_proj(u), impl="triton"))
+
+    def forward(self, x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len, conv_impl=None, rope_all=None,
+                normed=None, next_norm=None):
+        """The layer on the residual stream `x [B, q, H]`; returns the new stream, or with
+        `next_norm` (the RMSNorm that reads it next: the next layer's input norm or the final
+        norm) `(x, next_norm(x))`. `normed`: this layer's `input_layernorm(x)` where the previous
+        layer computed it so. Each finish conv, its residual add and the norm after it are one
+        launch with the Triton conv (`GroupedDynamicConv.finish_norm`)."""
+        u = self.input_layernorm(x) if normed is None else normed
         if self.attention_conv is not None:
             d = self.attention_conv.project(u)                    # [B, q, 2*K*G] from the input
             u = self.attention_conv(u, d, 0, block_len, impl=conv_impl)
         y = self.self_attn(u, ctx, rope_blk, rope_ctx, mask, cache, self.layer_idx, slots, conv_impl, rope_all)
-        # The finish side adds the residual itself (x + conv(y), one launch with the Triton conv).
-        x = x + y if self.attention_conv is None else self.attention_conv(y, d, 1, block_len, conv_impl, residual=x)
-        u = self.post_attention_layernorm(x)
+        x, u = self._finish(self.attention_conv, y, d if self.attention_conv is not None else None, block_len,
+                            conv_impl, x, self.post_attention_layernorm)
         if self.mlp_conv is not None:
             d = self.mlp_conv.project(u)
             u = self.mlp_conv(u, d, 0, block_len, impl=conv_impl)
-        y = self.mlp(u)
+        y = self._mlp(u, conv_impl)
+        if next_norm is not None:
+            return self._finish(self.mlp_conv, y, d if self.mlp_conv is not None else None, block_len, conv_impl,
+                                x, next_norm)
         return x + y if self.mlp_conv is None else self.mlp_conv(y, d, 1, block_len, conv_impl, residual=x)
+
+    @staticmethod
+    def _finish(conv, y, d, block_len, impl, x, norm):
+        """`(x', norm(x'))` with `x' = x + y` (v1) or `x + conv.finish(y)` (DFlash2)."""
+        if conv is None:
+            x = x + y
+            return x, norm(x)
+        return conv.finish_norm(y, d, block_len, impl, x, norm)
 
 
 class DFlash2DraftModel(PreTrainedModel):
@@ -354,11 +384,12 @@ class DFlash2DraftModel(PreTrainedModel):
         built = {rule: build(*rule) for rule in dict.fromkeys(rules)}
         return [built[rule] for rule in rules]
 
-    def _cached_visibility(self, pos_blk: torch.Tensor, first_blk: torch.Tensor, slots: int,
+    def _cached_visibility(self, pos_blk: torch.Tensor, first_blk: torch.Tensor, cache: DraftContextCache,
                            attention_impl: str) -> list[torch.Tensor]:
         """Per layer, what the cached attention may see, with the block at cache slots
-        `first_blk + i`: a bool mask `[B, 1, q, slots]` (`_rule_mask`), or (Triton kernel, a full or
-        causal layer without a window) the last visible slot of each query `[B, q]`.
+        `first_blk + i`: a bool mask `[B, 1, q, max_len]` (`_rule_mask`), or (Triton kernel, a full
+        or causal layer without a window) the last visible slot of each query `[B, q]` (int64; for
+        a full layer an expanded view of one `[B, 1]` column, which the kernel reads by stride).
 
         Context slot j (< first_blk) keeps its slot index as its position, as the cache always
         did; block slot first_blk + i has position `pos_blk[:, i]`."""
@@ -369,16 +400,17 @@ class DFlash2DraftModel(PreTrainedModel):
         kernel = (attention_impl == "triton"
                   and (dev.type == "cuda" or triton_interpreter_enabled())
                   and kernel_fits(cfg.num_attention_heads, cfg.num_key_value_heads, q, cfg.head_dim))
-        blk = torch.arange(q, device=dev)
+        blk = cache.arange(q)
         j = key_blk = None  # slot indices [S] and their block index [B, S] (< 0: context), if a mask is needed
 
         def build(causal: bool, window: int | None) -> torch.Tensor:
             nonlocal j, key_blk
             if kernel and window is None:
-                last = first_blk[:, None] + (blk[None] if causal else torch.full_like(blk, q - 1)[None])
-                return last.expand(B, q).contiguous()                              # [B, q] int64
+                if causal:
+                    return first_blk[:, None] + blk[None]                          # [B, q] int64
+                return (first_blk + (q - 1))[:, None].expand(B, q)
             if key_blk is None:
-                j = torch.arange(slots, device=dev)
+                j = cache.arange(cache.max_len)
                 key_blk = j[None] - first_blk[:, None]
             pos_k = None if window is None else torch.where(
                 key_blk < 0, j[None], pos_blk.gather(1, key_blk.clamp(0, q - 1)))
@@ -456,7 +488,7 @@ class DFlash2DraftModel(PreTrainedModel):
             first_blk = cache.lengths + counts  # [B] the block's slots follow the row's valid context
             cache.check_capacity(c, first_blk + q)
             slots = StepSlots(cache, counts, first_blk, c, q)
-            masks = self._cached_visibility(pos_blk, first_blk, cache.max_len, attention_impl)
+            masks = self._cached_visibility(pos_blk, first_blk, cache, attention_impl)
         else:
             valid_k = torch.ones(B, c + q, dtype=torch.bool, device=pos_blk.device)
             masks = self._masks(pos_blk, position_ids, valid_k, q, attention_mask)
@@ -464,16 +496,22 @@ class DFlash2DraftModel(PreTrainedModel):
         x = noise_embedding
         # Training only (no cache, grad on): recompute each layer in backward to save memory.
         ckpt = getattr(self, "layer_checkpointing", False) and cache is None and torch.is_grad_enabled()
-        for layer, mask in zip(self.layers, masks):
+        normed = None  # cached inference: each layer also returns the norm that reads its output next
+        for i, (layer, mask) in enumerate(zip(self.layers, masks)):
             if ckpt:
                 from torch.utils.checkpoint import checkpoint
 
                 x = checkpoint(layer, x, ctx, rope_blk, rope_ctx, mask, None, None, block_len or q, kernel_impl,
                                use_reentrant=False)
+            elif cache is not None:
+                nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+                x, normed = layer(x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len or q, kernel_impl,
+                                  (cos, sin), normed=normed, next_norm=nxt)
             else:
                 x = layer(x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len or q, kernel_impl, (cos, sin))
         if cache is not None:
             cache.advance(counts)
+            return normed if normed is not None else self.norm(x)
         return self.norm(x)
 
     def absorb_context(self, target_hidden: torch.Tensor, position_ids: torch.Tensor, cache: DraftContextCache,

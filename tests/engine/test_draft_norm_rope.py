@@ -1,7 +1,8 @@
 """The draft's cached forward with the fused norm-RoPE kernel (`kernel_impl="triton"`, the
 interpreter on CPU): two `dflash2.kernels.norm_rope` launches per layer (the block's queries; the
 context's and the block's keys and values, projected together) in place of the module's norms,
-RoPE and cache scatters, the reference forward's hidden states and cache within
+RoPE and cache scatters, each finish conv with its residual and the next RMSNorm in one launch,
+the MLP's SwiGLU product in one, the reference forward's hidden states and cache within
 bf16 rounding over two drafting steps, and greedy speculative decoding with it still equal to AR.
 (The GPU side: `tests/kernels/test_norm_rope.py` on CUDA and `benchmarks.step_profile`.)"""
 
@@ -57,9 +58,16 @@ def test_fused_draft_forward_matches_the_reference_in_two_launches_a_layer(trito
     monkeypatch.setattr(draft_mod, "norm_rope", lambda *a, **k: launches.append("q") or real_q(*a, **k))
     monkeypatch.setattr(draft_mod, "norm_rope_into_cache", lambda *a, **k: launches.append("kv") or real_kv(*a, **k))
     monkeypatch.setattr(DraftContextCache, "write", lambda *a, **k: writes.append(1) or real_write(*a, **k))
+    # each finish conv with its residual and the norm after it, and the MLP's SwiGLU product
+    from dflash2.modeling import conv as conv_mod
+
+    real_fn, real_sm = conv_mod.grouped_dynamic_conv_norm, draft_mod.silu_mul
+    monkeypatch.setattr(conv_mod, "grouped_dynamic_conv_norm", lambda *a, **k: launches.append("fn") or real_fn(*a, **k))
+    monkeypatch.setattr(draft_mod, "silu_mul", lambda *a, **k: launches.append("mlp") or real_sm(*a, **k))
     fused, fused_cache = _two_steps(draft, "triton", feats, noise)
     layers = cfg.num_hidden_layers
-    assert launches == ["q", "kv"] * layers * 2 and not writes  # per layer and step: q, then context + block
+    # per layer and step: q, then context + block; the attention's finish + norm; the MLP; its finish + the next norm
+    assert launches == ["q", "kv", "fn", "mlp", "fn"] * layers * 2 and not writes
 
     for r, f in zip(ref, fused):
         assert (f.float() - r.float()).abs().max() <= 0.05 * r.float().abs().max()
@@ -92,8 +100,8 @@ def test_greedy_speculative_with_the_fused_draft_equals_ar(triton_cpu):
 
 def test_the_drafts_projections_run_as_fused_launches(triton_cpu, monkeypatch):
     """Under the small-M linear mode (`linear_impl="triton"`) the draft's context and block rows
-    take one q/k/v launch together and its MLP's gate/up another (`fusable_groups`), each over the
-    members' own weights; no member is launched alone, the context's k/v pair is not launched
+    take one q/k/v launch together, its MLP's gate/up another (`fusable_groups`) and the selector's
+    gate with the LM head a third, each over the members' own weights; no member is launched alone, the context's k/v pair is not launched
     apart, and the tokens still equal AR's."""
     import dflash2.kernels.linear as linear
 
@@ -116,3 +124,30 @@ def test_the_drafts_projections_run_as_fused_launches(triton_cpu, monkeypatch):
     assert not {id(w) for w in members} & alone
     qkv, ctx_kv, gate_up = members[:3], members[1:3], members[3:]
     assert {tuple(map(id, qkv)), tuple(map(id, gate_up))} <= fused and tuple(map(id, ctx_kv)) not in fused
+    # The selector's gate and the LM head read the draft's final states: one launch, the gate first.
+    gate, head = draft.candidate_selector.hidden_projection.weight, target.lm_head_weight
+    assert (id(gate), id(head)) in fused and id(gate) not in alone
+
+
+def test_finish_norm_runs_the_module_path_where_the_kernel_does_not_apply(triton_cpu):
+    """fp64, or a residual of another dtype (bf16 autocast training), takes the conv and then the
+    norm module, exactly as the unfused layer did; fp32 takes the one launch, equal in `x`."""
+    _, draft, _ = fp32_target_draft_prompts(VOCAB, layers=2)
+    layer = draft.layers[0]
+    conv, norm = layer.mlp_conv, layer.post_attention_layernorm
+    g = torch.Generator().manual_seed(2)
+    h = draft.config.hidden_size
+    y, x = torch.randn(2, 4, h, generator=g), torch.randn(2, 4, h, generator=g)
+    with torch.no_grad():
+        conv.base_kernel.normal_(generator=g)
+        d = torch.randn(2, 4, conv.kernel_projection.out_features, generator=g)
+        for dtype in (torch.float64, None):  # None: an fp32 sublayer output on a residual of another dtype
+            c, n = (conv.to(dtype), norm.to(dtype)) if dtype else (conv, norm)
+            yy, dd = (y.to(dtype), d.to(dtype)) if dtype else (y, d)
+            xx = x.to(dtype) if dtype else x.double()
+            got = c.finish_norm(yy, dd, 4, "triton", xx, n)
+            want_x = c(yy, dd, 1, 4, "triton", residual=xx)  # the separate call, then the module
+            assert torch.equal(got[0], want_x) and torch.equal(got[1], n(want_x))
+        conv.float(), norm.float()
+        fused_x, _ = conv.finish_norm(y, d, 4, "triton", x, norm)
+        assert torch.equal(fused_x, conv(y, d, 1, 4, "triton", residual=x))
