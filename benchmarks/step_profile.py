@@ -8,11 +8,15 @@ benchmark's models, `benchmarks.engine.build_models`). For each variant of the t
 - **graph ms/step**: median whole-step time of the CUDA-graph engine (replayed steps only) for
   AR, the DFlash2 draft and the device oracle (whose proposals cost almost nothing, so its step
   is the target's verify + commit) at several (batch, N);
-- **kernel profile** (eager loop, `torch.profiler`, CUDA activity): GPU time and launches per
-  step by kernel family, from two runs that differ only in their number of steps (the
-  difference removes the prefill), and the heaviest kernels; at N > 0 for the DFlash2 arm, the
-  oracle arm and their difference kernel by kernel (the draft + select alone: both arms verify
-  the same blocks, and neither random proposer gets drafts accepted).
+- **kernel profile** (`torch.profiler`, CUDA activity): GPU time and launches per step by kernel
+  family, from two runs that differ only in their number of steps (the difference removes the
+  prefill), and the heaviest kernels; at N > 0 for the DFlash2 arm, the oracle arm and their
+  difference kernel by kernel (the draft + select alone: both arms verify the same blocks, and
+  neither random proposer gets drafts accepted). `--profile-loops` picks the loop profiled:
+  `eager` (the engine without CUDA graphs, every launch from the host; it also runs the checks a
+  graph capture skips, such as the draft cache's capacity check) and/or `graphs` (the decoding
+  loop users run: the kernels of the replayed step graphs, after a warm-up call as long as the
+  longer profiled one, so both profiled calls only replay).
 
 Variants: `base` = the engine without torch.compile; `light` / `full` = `compile_level="light"` /
 `"full"` (`dflash2.engine.compiled`). A compile is in place, so variants run in the order given
@@ -112,9 +116,10 @@ def call_profile(go, device: torch.device):
                  "host_top": [{"name": k[:90], "calls": c, "self_ms": us / 1e3} for us, k, c in host[:8]]}
 
 
-def step_profile(run, short: int, long: int) -> dict:
-    """Per-step launches and GPU us by family: (profile(long) - profile(short)) / (long - short) steps."""
-    run(short)  # warm-up
+def step_profile(run, short: int, long: int, warm: int | None = None) -> dict:
+    """Per-step launches and GPU us by family: (profile(long) - profile(short)) / (long - short) steps,
+    after an unprofiled warm-up call of `warm` (default `short`) steps."""
+    run(short if warm is None else warm)  # warm-up
     a, b = kernels(lambda: run(short)), kernels(lambda: run(long))
     steps = long - short
     per = {}
@@ -178,7 +183,8 @@ def render(res: dict) -> str:
         ms = f"{c['ms_step']:.2f}" if "ms_step" in c else c.get("error", "-")
         lines.append(f"| {c['variant']} | {c['batch']} | {c['arm']} | {c['n']} | {ms} | {c.get('first_call_s', 0):.1f} |")
     for p in res["profiles"]:
-        lines += ["", f"## Kernels per step, eager loop: {p['variant']}, batch {p['batch']}, {p['arm']} N={p['n']}", "",
+        loop = "graph-replayed loop" if p.get("loop") == "graphs" else "eager loop"
+        lines += ["", f"## Kernels per step, {loop}: {p['variant']}, batch {p['batch']}, {p['arm']} N={p['n']}", "",
                   f"{p['launches']:.0f} launches, {p['gpu_us'] / 1e3:.2f} ms of kernel time per step", "",
                   "| family | launches | ms |", "| --- | --- | --- |"]
         lines += [f"| {k} | {v['launches']:.0f} | {v['us'] / 1e3:.3f} |" for k, v in p["families"].items()]
@@ -199,8 +205,13 @@ def main() -> None:
                     help="the target attention kernel of every run (dflash2.kernels.row_attention)")
     ap.add_argument("--linear-impl", choices=["auto", "torch", "triton"], default="torch",
                     help="the target's and the draft's linears at decode sizes (dflash2.kernels.linear)")
+    ap.add_argument("--profile-loops", default="eager",
+                    help="comma list of 'eager' (no CUDA graphs) and 'graphs' (replayed step graphs)")
     ap.add_argument("--budget-s", type=float, default=540)
     args = ap.parse_args()
+    loops = args.profile_loops.split(",")
+    if not loops or any(loop not in ("eager", "graphs") for loop in loops):
+        raise SystemExit(f"--profile-loops takes 'eager' and/or 'graphs', got {args.profile_loops!r}")
     out = Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -252,25 +263,26 @@ def main() -> None:
             if time.perf_counter() - t_start > args.budget_s:
                 break
             ids = torch.randint(0, vocab, (batch, 512), generator=torch.Generator().manual_seed(batch)).to(dev)
-            arms = [("dflash2", draft), ("oracle", oracle(batch, ids, vocab))] if n else [("AR", None)]
-            done = {}
-            for arm, prop in arms:
-                def run(new, prop=prop, ids=ids, n=n):
-                    speculative_generate(target, prop, ids, max_new_tokens=new, num_speculative_tokens=n or None,
-                                         graphs=False, **kw)
-                try:
-                    p = done[arm] = step_profile(run, 4, 12)
-                    p.update(variant=variant, batch=batch, arm=arm, n=n)
-                    res["profiles"].append(p)
-                    print(f"profile {variant} b{batch} N{n} {arm}: {p['launches']:.0f} launches {p['gpu_us']:.0f} us",
-                          flush=True)
-                except Exception as e:
-                    print(f"profile {variant} b{batch} N{n} {arm} failed: {e}", flush=True)
-            if len(done) == 2:  # the draft + select alone: the DFlash2 arm's kernels beyond the oracle's
-                d = difference(done["dflash2"], done["oracle"])
-                d.update(variant=variant, batch=batch, arm="draft + select (dflash2 - oracle)", n=n)
-                res["profiles"].append(d)
-            save()
+            for loop in loops:
+                arms = [("dflash2", draft), ("oracle", oracle(batch, ids, vocab))] if n else [("AR", None)]
+                done = {}
+                for arm, prop in arms:
+                    def run(new, prop=prop, ids=ids, n=n, graphs=loop == "graphs"):
+                        speculative_generate(target, prop, ids, max_new_tokens=new, num_speculative_tokens=n or None,
+                                             graphs=graphs, **kw)
+                    try:
+                        p = done[arm] = step_profile(run, 4, 12, warm=12 if loop == "graphs" else None)
+                        p.update(variant=variant, batch=batch, arm=arm, n=n, loop=loop)
+                        res["profiles"].append(p)
+                        print(f"profile {loop} {variant} b{batch} N{n} {arm}: {p['launches']:.0f} launches "
+                              f"{p['gpu_us']:.0f} us", flush=True)
+                    except Exception as e:
+                        print(f"profile {loop} {variant} b{batch} N{n} {arm} failed: {e}", flush=True)
+                if len(done) == 2:  # the draft + select alone: the DFlash2 arm's kernels beyond the oracle's
+                    d = difference(done["dflash2"], done["oracle"])
+                    d.update(variant=variant, batch=batch, arm="draft + select (dflash2 - oracle)", n=n, loop=loop)
+                    res["profiles"].append(d)
+                save()
     from torch._dynamo.utils import counters
 
     res["dynamo"] = {"stats": dict(counters["stats"]), "graph_breaks": {k[:200]: v for k, v in counters["graph_break"].items()}}
