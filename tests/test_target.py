@@ -40,6 +40,31 @@ def test_embed_and_head_are_the_targets():
     assert (target.num_layers, target.hidden_size, target.vocab_size) == (4, 64, 300)
 
 
+def test_embed_reads_rows_of_a_plain_table_and_calls_any_other_module(monkeypatch):
+    # A plain nn.Embedding is read as weight[ids] (one gather; F.embedding's bits); a subclass
+    # (e.g. a scaled embedding) or a table being trained goes through the module itself.
+    hf = tiny_qwen3()
+    target = TargetModel(hf)
+    ids = torch.tensor([[1, 5, 7], [0, 299, 5]])
+    calls = []
+    emb = hf.model.embed_tokens
+    monkeypatch.setattr(emb, "forward", lambda x: calls.append(1) or torch.nn.functional.embedding(x, emb.weight))
+    with torch.no_grad():
+        assert torch.equal(target.embed(ids), torch.nn.functional.embedding(ids, emb.weight)) and not calls
+    assert emb.weight.requires_grad
+    target.embed(ids)  # grad mode on and the table trainable: the module
+    assert calls == [1]
+
+    class Scaled(torch.nn.Embedding):
+        def forward(self, x):
+            return super().forward(x) * 2.0
+
+    scaled = Scaled(300, 64)
+    hf.model.embed_tokens = scaled
+    with torch.no_grad():
+        assert torch.equal(target.embed(ids), scaled.weight[ids] * 2.0)
+
+
 def test_layer_ids_out_of_range_raise():
     target = TargetModel(tiny_qwen3())
     with pytest.raises(ValueError, match=r"layer_ids \[4\]"):

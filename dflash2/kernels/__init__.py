@@ -5,7 +5,11 @@ path; ``triton_kernels.py``: ``@triton.jit`` functions only; ``__init__.py``: th
 its launcher and the dispatch on an already-resolved ``impl``):
 
 - ``dynamic_conv.grouped_dynamic_conv``: grouped dynamic causal conv, prepare / finish sides;
-- ``topk.vocab_topk``: top-k of the (multiplied, soft-capped) head logits, ties -> lowest id;
+  ``dynamic_conv.grouped_dynamic_conv_norm``: a side with its residual add and the RMSNorm of the
+  result in one launch (the draft's sublayer end and the next norm);
+- ``topk.vocab_topk``: top-k of the (multiplied, soft-capped) head logits, ties -> lowest id,
+  optionally with each row's validity (NaN, +inf or no finite logit) from the same launches;
+- ``silu_mul.silu_mul``: ``silu(gate) * up`` for a fused gate/up output (the draft's MLP);
 - ``selector.transition_scores`` / ``selector.selector_walk``: candidate-selector edges and walk;
 - ``verify.verify_block``: greedy prefix match and sparse-q speculative sampling;
 - ``row_attention.row_attention``: the engine's per-row masked GQA attention over its static

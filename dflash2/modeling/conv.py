@@ -67,7 +67,8 @@ class GroupedDynamicConv(nn.Module):
         return self.kernel_projection(u)
 
     def forward(self, z: torch.Tensor, proj: torch.Tensor, side: int, block_len: int,
-                impl: str | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+                impl: str | None = None, residual: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
         """Apply side 0 (prepare) or 1 (finish) to `z [B, T, H]`; returns `[B, T, H]`, plus
         `residual [B, T, H]` if given: `residual + out` with PyTorch's type promotion. Of `z`'s
         dtype, that is one call (one launch with `"triton"`, the bits of the separate add); of
@@ -75,7 +76,10 @@ class GroupedDynamicConv(nn.Module):
         sublayers), the conv and then the add, promoted as `x + conv(y)` always was.
 
         `impl`: this call's implementation, resolved (`"torch"` or `"triton"`, as the engine's
-        settings pass it); None = the module's own `impl`, resolved once."""
+        settings pass it); None = the module's own `impl`, resolved once. `out`: a `[B, T, H]`
+        tensor of `z`'s dtype (any strides) that receives the result (inference without a
+        residual: the prepared block rows written where the attention's stacked projection reads
+        them); ignored with a residual of another dtype."""
         if impl is None:
             if self._resolved is None:
                 self._resolved = resolve_impl(self._impl, self.base_kernel.device)
@@ -90,7 +94,7 @@ class GroupedDynamicConv(nn.Module):
             return residual + grouped_dynamic_conv(z, self.base_kernel, proj, side, block_len, self.group_size,
                                                    impl=impl)
         return grouped_dynamic_conv(z, self.base_kernel, proj, side, block_len, self.group_size, impl=impl,
-                                    residual=residual)
+                                    residual=residual, out=out)
 
     def finish_norm(self, y: torch.Tensor, proj: torch.Tensor, block_len: int, impl: str,
                     residual: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:

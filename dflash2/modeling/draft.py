@@ -70,6 +70,16 @@ def _is_block_mask(mask) -> bool:
 _FLEX: dict[str, object] = {}
 
 
+def _block_rows_of(stacked: torch.Tensor | None, u: torch.Tensor) -> bool:
+    """Whether `u [B, q, H]` is the last `q` rows of `stacked [B, c + q, H]` in place (the prepare
+    conv wrote it there), so `stacked` already is `[context; u]`. Compares pointers, shapes and
+    strides on the host: no device work."""
+    if stacked is None:
+        return False
+    tail = stacked[:, stacked.shape[1] - u.shape[1]:]
+    return u.data_ptr() == tail.data_ptr() and u.shape == tail.shape and u.stride() == tail.stride()
+
+
 def _rule_mask(valid_k: torch.Tensor, key_blk: torch.Tensor, pos_q: torch.Tensor, pos_k: torch.Tensor | None,
                causal: bool, window: int | None) -> torch.Tensor:
     """One layer rule's visibility `[B, 1, q, Kn]` (True = attend), for training and cached
@@ -159,7 +169,7 @@ class DraftAttention(nn.Module):
         self._into_cache(k, v, cos, sin, cache, layer_idx, slots, fused)
 
     def _cached_qkv(self, u, ctx, rope_blk, rope_ctx, rope_all, cache: DraftContextCache, layer_idx,
-                    slots: StepSlots, impl):
+                    slots: StepSlots, impl, stacked=None):
         """Queries `[B, nh, q, hd]` of the block; the context's and then the block's keys and values
         written into the cache (the block at the slots right after the context, which the next
         step's context overwrites: padding context entries of a row share slots with its block).
@@ -167,11 +177,13 @@ class DraftAttention(nn.Module):
         Fused path (`fused_norm_rope`): the context rows and the block rows are projected together,
         `[ctx; u]` through the q/k/v group (one launch under a fused linear mode; the context's
         queries are not used), and their keys and values go to the cache in one norm-RoPE launch
-        at `slots.both` (`rope_all`: RoPE of the context, then the block). Otherwise the block's
-        q/k/v, then the context's k/v, and two cache writes in that order."""
+        at `slots.both` (`rope_all`: RoPE of the context, then the block); `[ctx; u]` is `stacked`
+        itself where `u` lies in its last rows (`_block_rows_of`), else a concatenation. Otherwise
+        the block's q/k/v, then the context's k/v, and two cache writes in that order."""
         if self.fused_norm_rope(u, rope_blk[0], impl):
             c = ctx.shape[1]
-            q_all, k_all, v_all = self._projections(torch.cat([ctx.to(u.dtype), u], dim=1), queries=True)
+            both = stacked if _block_rows_of(stacked, u) else torch.cat([ctx.to(u.dtype), u], dim=1)
+            q_all, k_all, v_all = self._projections(both, queries=True)
             eps = self.q_norm.variance_epsilon
             Q = norm_rope(q_all[:, c:], self.q_norm.weight, eps, *rope_blk, impl="triton")
             norm_rope_into_cache(k_all, v_all, self.k_norm.weight, self.k_norm.variance_epsilon, *rope_all,
@@ -185,13 +197,13 @@ class DraftAttention(nn.Module):
         return Q
 
     def forward(self, u, ctx, rope_blk, rope_ctx, mask, cache: DraftContextCache | None, layer_idx,
-                slots: StepSlots | None, kernel_impl: str | None = None, rope_all=None):
+                slots: StepSlots | None, kernel_impl: str | None = None, rope_all=None, stacked=None):
         B, q, _ = u.shape
         gqa = self.num_heads != self.num_kv_heads
         if cache is not None:
             # Inference: the attention reads the cache buffer in place (no [context; block] copy
             # per layer); `kernel_impl == "triton"` fuses the norms, RoPE and cache writes.
-            Q = self._cached_qkv(u, ctx, rope_blk, rope_ctx, rope_all, cache, layer_idx, slots, kernel_impl)
+            Q = self._cached_qkv(u, ctx, rope_blk, rope_ctx, rope_all, cache, layer_idx, slots, kernel_impl, stacked)
             K, V = (t.to(Q.dtype) for t in cache.readable(layer_idx))
             if mask.dtype == torch.bool:  # [B, 1, q, S] visibility
                 out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, enable_gqa=gqa).transpose(1, 2)
@@ -241,17 +253,21 @@ class DraftDecoderLayer(nn.Module):
         return mlp.down_proj(silu_mul(mlp.gate_proj(u), mlp.up_proj(u), impl="triton"))
 
     def forward(self, x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len, conv_impl=None, rope_all=None,
-                normed=None, next_norm=None):
+                normed=None, next_norm=None, stacked=None):
         """The layer on the residual stream `x [B, q, H]`; returns the new stream, or with
         `next_norm` (the RMSNorm that reads it next: the next layer's input norm or the final
         norm) `(x, next_norm(x))`. `normed`: this layer's `input_layernorm(x)` where the previous
         layer computed it so. Each finish conv, its residual add and the norm after it are one
-        launch with the Triton conv (`GroupedDynamicConv.finish_norm`)."""
+        launch with the Triton conv (`GroupedDynamicConv.finish_norm`). `stacked` (cached
+        inference): a `[B, c + q, H]` buffer holding the context rows, into whose last `q` rows the
+        prepare conv writes, so the attention projects context and block without a concatenation."""
         u = self.input_layernorm(x) if normed is None else normed
         if self.attention_conv is not None:
             d = self.attention_conv.project(u)                    # [B, q, 2*K*G] from the input
-            u = self.attention_conv(u, d, 0, block_len, impl=conv_impl)
-        y = self.self_attn(u, ctx, rope_blk, rope_ctx, mask, cache, self.layer_idx, slots, conv_impl, rope_all)
+            rows = None if stacked is None else stacked[:, stacked.shape[1] - u.shape[1]:]
+            u = self.attention_conv(u, d, 0, block_len, impl=conv_impl, out=rows)
+        y = self.self_attn(u, ctx, rope_blk, rope_ctx, mask, cache, self.layer_idx, slots, conv_impl, rope_all,
+                           stacked=stacked)
         x, u = self._finish(self.attention_conv, y, d if self.attention_conv is not None else None, block_len,
                             conv_impl, x, self.post_attention_layernorm)
         if self.mlp_conv is not None:
@@ -497,6 +513,10 @@ class DFlash2DraftModel(PreTrainedModel):
         # Training only (no cache, grad on): recompute each layer in backward to save memory.
         ckpt = getattr(self, "layer_checkpointing", False) and cache is None and torch.is_grad_enabled()
         normed = None  # cached inference: each layer also returns the norm that reads its output next
+        stacked = None  # cached, fused: [ctx; block] rows, the block rows rewritten by each layer's prepare conv
+        if cache is not None and kernel_impl == "triton" and self.layers[0].attention_conv is not None:
+            stacked = torch.empty(B, c + q, ctx.shape[-1], dtype=noise_embedding.dtype, device=ctx.device)
+            stacked[:, :c] = ctx
         for i, (layer, mask) in enumerate(zip(self.layers, masks)):
             if ckpt:
                 from torch.utils.checkpoint import checkpoint
@@ -506,7 +526,7 @@ class DFlash2DraftModel(PreTrainedModel):
             elif cache is not None:
                 nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
                 x, normed = layer(x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len or q, kernel_impl,
-                                  (cos, sin), normed=normed, next_norm=nxt)
+                                  (cos, sin), normed=normed, next_norm=nxt, stacked=stacked)
             else:
                 x = layer(x, ctx, rope_blk, rope_ctx, mask, cache, slots, block_len or q, kernel_impl, (cos, sin))
         if cache is not None:

@@ -151,3 +151,35 @@ def test_finish_norm_runs_the_module_path_where_the_kernel_does_not_apply(triton
         conv.float(), norm.float()
         fused_x, _ = conv.finish_norm(y, d, 4, "triton", x, norm)
         assert torch.equal(fused_x, conv(y, d, 1, 4, "triton", residual=x))
+
+
+def test_prepare_conv_writes_the_block_rows_where_the_stacked_projection_reads_them(triton_cpu, monkeypatch):
+    """With the Triton kernels each layer's prepare conv writes into one `[context; block]` buffer,
+    so no layer concatenates; the hidden states and caches are the bits of the concatenating path
+    (the same rows into the same row-invariant projection)."""
+    from dflash2.modeling.conv import GroupedDynamicConv
+
+    _, draft, _ = fp32_target_draft_prompts(VOCAB, layers=4)
+    cfg = draft.config
+    g = torch.Generator().manual_seed(7)
+    feats = torch.randn(2, 8, cfg.hidden_size * len(cfg.target_layer_ids), generator=g)
+    noise = torch.randn(2, 4, cfg.hidden_size, generator=g)
+    for layer in draft.layers:  # a conv that mixes taps, so the block rows differ from the conv's input
+        with torch.no_grad():
+            layer.attention_conv.base_kernel.normal_(generator=g)
+    seen = []
+    real = draft_mod._block_rows_of
+    monkeypatch.setattr(draft_mod, "_block_rows_of", lambda *a: seen.append(real(*a)) or seen[-1])
+    stacked, stacked_cache = _two_steps(draft, "triton", feats, noise)
+    assert seen == [True] * cfg.num_hidden_layers * 2
+
+    seen.clear()
+    real_forward = GroupedDynamicConv.forward
+    monkeypatch.setattr(GroupedDynamicConv, "forward", lambda self, *a, out=None, **k: real_forward(self, *a, **k))
+    concatenated, cat_cache = _two_steps(draft, "triton", feats, noise)
+    assert seen == [False] * cfg.num_hidden_layers * 2  # the conv ignored `out`: every layer concatenates
+    for a, b in zip(stacked, concatenated):
+        assert torch.equal(a, b)
+    for layer in range(cfg.num_hidden_layers):
+        assert torch.equal(stacked_cache.keys[layer], cat_cache.keys[layer])
+        assert torch.equal(stacked_cache.values[layer], cat_cache.values[layer])

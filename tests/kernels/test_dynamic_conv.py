@@ -94,6 +94,21 @@ def test_triton_strided_input(triton_device) -> None:
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_out_receives_the_result_in_place(impl, triton_device) -> None:
+    # `out` as the last rows of a wider buffer (the draft's [context; block] rows): the same values
+    # as a fresh output, written there and returned; the other rows untouched.
+    z, base, proj = _inputs(2, 8, 32, 2, 8, torch.float32, triton_device)
+    buf = torch.full((2, 11, 32), 7.0, device=triton_device)
+    rows = buf[:, 3:]
+    got = grouped_dynamic_conv(z, base, proj, 0, 4, 8, impl, out=rows)
+    assert got.data_ptr() == rows.data_ptr()
+    assert torch.equal(buf[:, 3:], grouped_dynamic_conv(z, base, proj, 0, 4, 8, impl))
+    assert bool((buf[:, :3] == 7.0).all())
+    with pytest.raises(ValueError, match="out must be"):
+        grouped_dynamic_conv(z, base, proj, 0, 4, 8, impl, out=buf[:, 2:])
+
+
 def test_triton_refuses_grad(triton_device) -> None:
     z, base, proj = _inputs(1, 4, 16, 2, 8, torch.float32, triton_device)
     base.requires_grad_(True)

@@ -63,11 +63,12 @@ def _grouped_dynamic_conv_triton(
     num_warps: int = 4,
     block_t: int = _BLOCK_T,
     residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     _refuse_grad("grouped_dynamic_conv", (z, base, proj) + (() if residual is None else (residual,)))
     bsz, seq, hidden = z.shape
     taps = base.shape[1]
-    out = torch.empty_like(z)
+    out = torch.empty_like(z) if out is None else out
     if z.numel() == 0:
         return out
     grid = (_cdiv(seq, block_t), _cdiv(hidden, block_h), bsz)
@@ -160,6 +161,7 @@ def grouped_dynamic_conv(
     group_size: int,
     impl: str,
     residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One application (prepare or finish) of the grouped dynamic causal conv.
 
@@ -183,17 +185,23 @@ def grouped_dynamic_conv(
 
         residual: optional ``[B, T, H]`` in ``z.dtype``, added to the output (the draft layer's
             residual stream, after the finish side).
+        out: optional ``[B, T, H]`` tensor of ``z.dtype`` (any strides, e.g. the block rows of a
+            buffer that also holds other rows) that receives the result and is returned; it must
+            not overlap the inputs. Default: a new tensor.
 
     Returns:
-        ``[B, T, H]`` in ``z.dtype``, accumulated in fp32.
+        ``[B, T, H]`` in ``z.dtype``, accumulated in fp32 (``out`` if given).
     """
     _check(z, base, proj, side, block_len, group_size, residual)
+    if out is not None and (out.shape != z.shape or out.dtype != z.dtype):
+        raise ValueError(f"out must be [B, T, H] = {tuple(z.shape)} in {z.dtype}, got {tuple(out.shape)} in {out.dtype}")
     if impl == "torch":
-        return grouped_dynamic_conv_reference(z, base, proj, side, block_len, group_size, residual)
+        ref = grouped_dynamic_conv_reference(z, base, proj, side, block_len, group_size, residual)
+        return ref if out is None else out.copy_(ref)
     if impl == "triton":
         if _tk is None:
             raise RuntimeError("impl='triton' needs the 'triton' package (`pip install triton`).")
-        return _grouped_dynamic_conv_triton(z, base, proj, side, block_len, group_size, residual=residual)
+        return _grouped_dynamic_conv_triton(z, base, proj, side, block_len, group_size, residual=residual, out=out)
     raise ValueError(f"impl must be resolved to 'torch' or 'triton', got {impl!r}")
 
 
