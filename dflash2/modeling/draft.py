@@ -264,8 +264,11 @@ class DraftDecoderLayer(nn.Module):
         u = self.input_layernorm(x) if normed is None else normed
         if self.attention_conv is not None:
             d = self.attention_conv.project(u)                    # [B, q, 2*K*G] from the input
-            rows = None if stacked is None else stacked[:, stacked.shape[1] - u.shape[1]:]
-            u = self.attention_conv(u, d, 0, block_len, impl=conv_impl, out=rows)
+            if stacked is None:
+                u = self.attention_conv(u, d, 0, block_len, impl=conv_impl)
+            else:  # into the block rows of [context; block]
+                rows = stacked[:, stacked.shape[1] - u.shape[1]:]
+                u = self.attention_conv(u, d, 0, block_len, impl=conv_impl, out=rows)
         y = self.self_attn(u, ctx, rope_blk, rope_ctx, mask, cache, self.layer_idx, slots, conv_impl, rope_all,
                            stacked=stacked)
         x, u = self._finish(self.attention_conv, y, d if self.attention_conv is not None else None, block_len,
