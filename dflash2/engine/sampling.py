@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from dflash2.kernels.topk import invalid_rows_reference
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -83,7 +85,5 @@ def invalid_rows(logits: torch.Tensor) -> torch.Tensor:
 
     Such rows have no defined argmax/softmax; the engine raises instead of emitting a token.
     """
-    # One reduction: the row max is NaN if any entry is NaN (max propagates NaN), +inf if any
-    # entry is +inf, and -inf iff every entry is -inf.
-    row_max = logits.reshape(logits.shape[0], -1, logits.shape[-1]).amax(-1)  # [B, M]
-    return ~torch.isfinite(row_max).all(-1)
+    # Each of the row's M vectors judged alone (one amax each), then any of them.
+    return invalid_rows_reference(logits.reshape(-1, logits.shape[-1])).view(logits.shape[0], -1).any(-1)

@@ -102,8 +102,9 @@ class GroupedDynamicConv(nn.Module):
         residual=residual)`), where `norm` is the RMSNorm that reads `x` next (`weight [H]` and
         `variance_epsilon`, as transformers' RMSNorms hold them). One launch
         (`grouped_dynamic_conv_norm`) with `impl == "triton"`, `y`, `residual` and the norm's
-        weight of one dtype the kernel takes (bf16, fp16, fp32), and nothing needing grad: `x` the bits of the separate call, `norm(x)`
-        the module's up to its sum's order. Otherwise the call and then the module."""
+        weight of one dtype the kernel takes (bf16, fp16, fp32), and nothing needing grad: `x` the
+        bits of the separate call, `norm(x)` the module's up to its sum's order. Otherwise the
+        call and then the module."""
         tensors = (y, proj, self.base_kernel, residual, norm.weight)
         if (impl == "triton" and residual.dtype == y.dtype == norm.weight.dtype and y.dtype in _NORM_DTYPES
                 and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
