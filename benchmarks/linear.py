@@ -1,6 +1,7 @@
 """Benchmark the small-M linear kernel against `F.linear` (cuBLAS) at Qwen3-8B linear shapes.
 
-    python -m benchmarks.linear [--quick] [--sweep] [--rows 1 2 4 8 16 32] [--wide-rows 64 128] [--out linear.json]
+    python -m benchmarks.linear [--quick] [--sweep] [--rows 1 2 4 8 16 32] [--shapes k_v q_o] [--wide-rows 64 128]
+                                [--out linear.json]
 
 Per shape (q/o 4096x4096, k/v 1024x4096, gate/up 12288x4096, down 4096x12288, lm_head
 151936x4096; `[N, K]`, bf16) and rows M: the median time of one call from replays of a CUDA
@@ -157,10 +158,13 @@ def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
 
 
-def bench_shapes(rows: tuple[int, ...], copy_gbs: float, replays: int, sms: int) -> list[dict]:
-    """Kernel (default tiling) vs cuBLAS for every shape and row count."""
+def bench_shapes(rows: tuple[int, ...], copy_gbs: float, replays: int, sms: int,
+                 shapes: tuple[str, ...] | None = None) -> list[dict]:
+    """Kernel (default tiling) vs cuBLAS for every shape (or those named in `shapes`) and row count."""
     results = []
     for name, n, k, _ in SHAPES:
+        if shapes is not None and name not in shapes:
+            continue
         ws = _weights(n, k, copies_for(2 * n * k))
         calls = calls_for(2 * n * k, len(ws))
         config = default_config(n, k, torch.bfloat16, sms)
@@ -295,10 +299,14 @@ def bench_wide_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> li
     return results
 
 
-def bench_sweep(rows: tuple[int, ...], copy_gbs: float, replays: int, grid_args: dict) -> dict:
-    """Every tiling of the grid per shape; returns {shape: {"results": [...], "best": row}}."""
+def bench_sweep(rows: tuple[int, ...], copy_gbs: float, replays: int, grid_args: dict,
+                shapes: tuple[str, ...] | None = None) -> dict:
+    """Every tiling of the grid per shape (or per shape named in `shapes`); returns {shape:
+    {"results": [...], "best": row}}."""
     out = {}
     for name, n, k, _ in SHAPES:
+        if shapes is not None and name not in shapes:
+            continue
         ws = _weights(n, k, copies_for(2 * n * k))
         calls = calls_for(2 * n * k, len(ws))
         xs = {m: torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for m in rows}
@@ -366,6 +374,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5])
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--pdl", type=int, nargs="+", default=[0], help="1: programmatic dependent launch, 0: off")
+    ap.add_argument("--shapes", nargs="+", default=None, choices=[name for name, *_ in SHAPES],
+                    help="time (and sweep) only these shapes (default: all)")
     ap.add_argument("--no-stack", action="store_true", help="skip the whole-stack graphs (15 GB of weights)")
     ap.add_argument("--wide-rows", type=int, nargs="*", default=list(WIDE_ROWS),
                     help=f"row counts past {MAX_ROWS} for the stack with row groups (default {WIDE_ROWS}; none: skip)")
@@ -384,14 +394,15 @@ def main(argv: list[str] | None = None) -> dict:
     report: dict = dict(device=torch.cuda.get_device_name(0), sms=sms, rows=list(rows),
                         copy_gbs=copy_bandwidth_gbs())
     with torch.no_grad():
-        report["shapes"] = bench_shapes(rows, report["copy_gbs"], replays, sms)
+        shapes = tuple(args.shapes) if args.shapes else None
+        report["shapes"] = bench_shapes(rows, report["copy_gbs"], replays, sms, shapes)
         report["stack"] = [] if args.no_stack else bench_stack(rows, report["copy_gbs"], replays)
         report["wide_stack"] = ([] if args.no_stack or not args.wide_rows else
                                 bench_wide_stack(tuple(args.wide_rows), report["copy_gbs"], replays))
         if args.sweep:
             grid = dict(block_n=args.block_n, block_k=args.block_k, warps=args.warps, stages=args.stages,
                         splits=args.splits, pdl=args.pdl)
-            report["sweep"] = bench_sweep(rows, report["copy_gbs"], max(3, replays // 4), grid)
+            report["sweep"] = bench_sweep(rows, report["copy_gbs"], max(3, replays // 4), grid, shapes)
             report["best_configs"] = {f"{s['n']}x{s['k']}": s["best"]["config"]
                                       for s in report["sweep"].values() if s["best"] is not None}
     report["seconds"] = time.time() - started

@@ -27,7 +27,7 @@ from dflash2.checkpoint import load_draft, save_draft
 from dflash2.config import DFlash2Config
 from dflash2.kernels.dispatch import triton_interpreter_enabled
 from dflash2.kernels.norm_rope import fits as norm_rope_fits
-from dflash2.kernels.norm_rope import norm_rope, norm_rope_into_cache
+from dflash2.kernels.norm_rope import norm_rope_into_cache, norm_rope_queries_and_cache
 from dflash2.kernels.row_attention import kernel_fits, row_attention
 from dflash2.kernels.silu_mul import silu_mul
 from dflash2.modeling.cache import DraftContextCache, StepSlots
@@ -176,19 +176,18 @@ class DraftAttention(nn.Module):
 
         Fused path (`fused_norm_rope`): the context rows and the block rows are projected together,
         `[ctx; u]` through the q/k/v group (one launch under a fused linear mode; the context's
-        queries are not used), and their keys and values go to the cache in one norm-RoPE launch
-        at `slots.both` (`rope_all`: RoPE of the context, then the block); `[ctx; u]` is `stacked`
-        itself where `u` lies in its last rows (`_block_rows_of`), else a concatenation. Otherwise
+        queries are not used); the block's queries and, at `slots.both`, the keys and values of both
+        go through one norm-RoPE launch (`rope_all`: RoPE of the context, then the block); `[ctx; u]`
+        is `stacked` itself where `u` lies in its last rows (`_block_rows_of`), else a concatenation. Otherwise
         the block's q/k/v, then the context's k/v, and two cache writes in that order."""
         if self.fused_norm_rope(u, rope_blk[0], impl):
             c = ctx.shape[1]
             both = stacked if _block_rows_of(stacked, u) else torch.cat([ctx.to(u.dtype), u], dim=1)
             q_all, k_all, v_all = self._projections(both, queries=True)
-            eps = self.q_norm.variance_epsilon
-            Q = norm_rope(q_all[:, c:], self.q_norm.weight, eps, *rope_blk, impl="triton")
-            norm_rope_into_cache(k_all, v_all, self.k_norm.weight, self.k_norm.variance_epsilon, *rope_all,
-                                 cache.keys[layer_idx], cache.values[layer_idx], slots.both, impl="triton")
-            return Q
+            return norm_rope_queries_and_cache(
+                q_all[:, c:], self.q_norm.weight, self.q_norm.variance_epsilon, *rope_blk, k_all, v_all,
+                self.k_norm.weight, self.k_norm.variance_epsilon, *rope_all, cache.keys[layer_idx],
+                cache.values[layer_idx], slots.both, impl="triton")
         q_blk, k_blk, v_blk = self._projections(u, queries=True)
         k_ctx, v_ctx = self._projections(ctx)
         Q = _rope(self.q_norm(q_blk).transpose(1, 2), *rope_blk)  # [B, nh, q, hd]

@@ -44,7 +44,7 @@ def _two_steps(draft, kernel_impl, feats, noise):
     return outs, cache
 
 
-def test_fused_draft_forward_matches_the_reference_in_two_launches_a_layer(triton_cpu, monkeypatch):
+def test_fused_draft_forward_matches_the_reference_in_one_norm_rope_launch_a_layer(triton_cpu, monkeypatch):
     _, draft, _ = fp32_target_draft_prompts(VOCAB, layers=4)
     draft = draft.to(torch.bfloat16)
     cfg = draft.config
@@ -54,8 +54,10 @@ def test_fused_draft_forward_matches_the_reference_in_two_launches_a_layer(trito
     ref, ref_cache = _two_steps(draft, "torch", feats, noise)
 
     launches, writes = [], []
-    real_q, real_kv, real_write = draft_mod.norm_rope, draft_mod.norm_rope_into_cache, DraftContextCache.write
-    monkeypatch.setattr(draft_mod, "norm_rope", lambda *a, **k: launches.append("q") or real_q(*a, **k))
+    real_qkv, real_kv, real_write = (draft_mod.norm_rope_queries_and_cache, draft_mod.norm_rope_into_cache,
+                                     DraftContextCache.write)
+    monkeypatch.setattr(draft_mod, "norm_rope_queries_and_cache",
+                        lambda *a, **k: launches.append("qkv") or real_qkv(*a, **k))
     monkeypatch.setattr(draft_mod, "norm_rope_into_cache", lambda *a, **k: launches.append("kv") or real_kv(*a, **k))
     monkeypatch.setattr(DraftContextCache, "write", lambda *a, **k: writes.append(1) or real_write(*a, **k))
     # each finish conv with its residual and the norm after it, and the MLP's SwiGLU product
@@ -66,8 +68,9 @@ def test_fused_draft_forward_matches_the_reference_in_two_launches_a_layer(trito
     monkeypatch.setattr(draft_mod, "silu_mul", lambda *a, **k: launches.append("mlp") or real_sm(*a, **k))
     fused, fused_cache = _two_steps(draft, "triton", feats, noise)
     layers = cfg.num_hidden_layers
-    # per layer and step: q, then context + block; the attention's finish + norm; the MLP; its finish + the next norm
-    assert launches == ["q", "kv", "fn", "mlp", "fn"] * layers * 2 and not writes
+    # per layer and step: the queries with the keys and values of context + block (one launch); the
+    # attention's finish + norm; the MLP; its finish + the next norm
+    assert launches == ["qkv", "fn", "mlp", "fn"] * layers * 2 and not writes
 
     for r, f in zip(ref, fused):
         assert (f.float() - r.float()).abs().max() <= 0.05 * r.float().abs().max()

@@ -80,7 +80,7 @@ def spies(monkeypatch):
     monkeypatch.setattr(cache_mod, "row_attention_kernel", target_kernel)
     monkeypatch.setattr(draft_mod, "row_attention", draft_kernel)
     monkeypatch.setattr(conv_mod, "grouped_dynamic_conv", conv)
-    for name in ("norm_rope", "norm_rope_into_cache"):  # the draft's fused norm-RoPE (kernel_impl)
+    for name in ("norm_rope_queries_and_cache", "norm_rope_into_cache"):  # the draft's fused norm-RoPE (kernel_impl)
         monkeypatch.setattr(draft_mod, name, to_torch("draft norm-rope", getattr(draft_mod, name)))
     monkeypatch.setattr(draft_mod, "triton_interpreter_enabled", lambda: True)  # the draft may pick "triton"
     return seen

@@ -129,7 +129,7 @@ def cases():
     from dflash2.kernels.dynamic_conv import _grouped_dynamic_conv_norm_triton, _grouped_dynamic_conv_triton
     from dflash2.kernels.keyed_random import keyed_uniform_triton
     from dflash2.kernels.linear import MAX_ROWS, _DEFAULT_SMS, _small_m_linear_triton, default_config
-    from dflash2.kernels.norm_rope import norm_rope, norm_rope_into_cache
+    from dflash2.kernels.norm_rope import norm_rope, norm_rope_into_cache, norm_rope_queries_and_cache
     from dflash2.kernels.row_attention import _row_attention_triton
     from dflash2.kernels.row_mean import _row_mean_triton, _num_warps, block_k_for
     from dflash2.kernels.selector import _selector_walk_triton
@@ -183,6 +183,11 @@ def cases():
             e(8, 16, 8, 128, dtype=dt), e(8, 16, 8, 128, dtype=dt), e(128, dtype=dt), 1e-6,
             e(8, 16, 128, dtype=dt), e(8, 16, 128, dtype=dt), e(8, 8, 544, 128, dtype=dt),
             e(8, 8, 544, 128, dtype=dt), torch.zeros(8, 16, dtype=i64), impl="triton")))
+        out.append((f"norm_rope_queries_and_cache {str(dt)[6:]}", lambda dt=dt: norm_rope_queries_and_cache(
+            e(1, 16, 32, 128, dtype=dt), e(128, dtype=dt), 1e-6, e(1, 16, 128, dtype=dt), e(1, 16, 128, dtype=dt),
+            e(1, 32, 8, 128, dtype=dt), e(1, 32, 8, 128, dtype=dt), e(128, dtype=dt), 1e-6,
+            e(1, 32, 128, dtype=dt), e(1, 32, 128, dtype=dt), e(1, 8, 544, 128, dtype=dt),
+            e(1, 8, 544, 128, dtype=dt), torch.zeros(1, 32, dtype=i64), impl="triton")))
     # the norms' row mean (exact mode), the vocabulary top-k, the selector walk, the verify, the conv
     for hidden, dt in ((4096, bf16), (576, bf16), (576, f32)):
         bk = block_k_for(hidden, dt)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash2.kernels.norm_rope import fits, norm_rope, norm_rope_into_cache, norm_rope_reference, scatter_reference
+from dflash2.kernels.norm_rope import (fits, norm_rope, norm_rope_into_cache, norm_rope_queries_and_cache,
+                                      norm_rope_reference, scatter_reference)
 
 EPS = 1e-6
 
@@ -101,6 +102,35 @@ def test_into_cache_writes_each_tokens_slot_and_nothing_else(dtype, triton_devic
     direct = fill.clone()
     scatter_reference(direct, norm_rope(k, w, EPS, cos, sin, impl="triton"), slots)
     assert torch.equal(kc, direct)
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_queries_and_cache_in_one_launch_give_the_two_launches_bits(dtype, impl, triton_device):
+    """The attention's shape in small: more query heads than key heads, the keys of context and
+    block (more tokens than queries) into the cache, other weights, eps and RoPE rows per side."""
+    B, S_q, S_k, H_q, H_k, hd, L = 2, 3, 5, 4, 2, 32, 9
+    q, wq, qcos, qsin = _operands(B, S_q, H_q, hd, dtype, triton_device)
+    k, wk, kcos, ksin = _operands(B, S_k, H_k, hd, dtype, triton_device)
+    kcos, ksin = kcos.flip(1), ksin.flip(1)
+    v = torch.randn(B, S_k, H_k, hd, dtype=dtype, device=triton_device)
+    slots = torch.tensor([[0, 1, 2, 6, 7], [3, 4, 5, 6, 8]], device=triton_device)
+    fill = torch.full((B, H_k, L, hd), 7.0, dtype=dtype, device=triton_device)
+    kc, vc, kr, vr = fill.clone(), fill.clone(), fill.clone(), fill.clone()
+    Q = norm_rope_queries_and_cache(q, wq, 1e-5, qcos, qsin, k, v, wk, EPS, kcos, ksin, kc, vc, slots, impl=impl)
+    norm_rope_into_cache(k, v, wk, EPS, kcos, ksin, kr, vr, slots, impl=impl)
+    assert torch.equal(Q, norm_rope(q, wq, 1e-5, qcos, qsin, impl=impl)) and Q.shape == (B, H_q, S_q, hd)
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+    assert not torch.equal(kc, fill)  # the cache launch wrote
+
+
+def test_queries_and_cache_refuse_mismatched_sides(triton_device):
+    q, w, cos, sin = _operands(2, 3, 4, 32, torch.float32, triton_device)
+    k, wk, kcos, ksin = _operands(1, 3, 2, 32, torch.float32, triton_device)
+    kc = torch.zeros(1, 2, 8, 32, device=triton_device)
+    with pytest.raises(ValueError, match="must share B, hd and dtype"):
+        norm_rope_queries_and_cache(q, w, EPS, cos, sin, k, k, wk, EPS, kcos, ksin, kc, kc.clone(),
+                                    torch.zeros(1, 3, dtype=torch.long, device=triton_device), impl="triton")
 
 
 def test_a_slot_outside_the_cache_is_dropped(triton_device):

@@ -6,8 +6,9 @@ In the cached (inference) forward of `DraftAttention`, the reference ops cost ab
 kernels per layer: the norms, RoPE's `mul` / `neg` / `cat` / `add` for the queries, the block
 keys and the context keys, and four scatters into the cache (docs/PERFORMANCE.md, "Draft +
 select, kernel by kernel": RoPE and the cache writes took 264 us of the 1.58 ms draft + select
-step at batch 1, N = 15, in 95 launches). Here the queries are one launch, and the keys and values
-of the context and the block together another (`DraftAttention` projects both in one linear).
+step at batch 1, N = 15, in 95 launches). Here the block's queries, and the keys and values of the
+context and the block (`DraftAttention` projects both in one linear), are one launch
+(`norm_rope_queries_and_cache`); `norm_rope` and `norm_rope_into_cache` run either part alone.
 
 Guarantees of the Triton path (`triton_kernels.py`):
 - **The reference's roundings.** Every op of the reference that rounds to the model's dtype
@@ -39,7 +40,7 @@ try:
 except ImportError:  # triton missing: only impl="torch" works (resolve_impl says so)
     _tk = None
 
-__all__ = ["norm_rope", "norm_rope_into_cache", "norm_rope_reference", "scatter_reference", "rotate_half", "fits",
+__all__ = ["norm_rope", "norm_rope_into_cache", "norm_rope_queries_and_cache", "norm_rope_reference", "scatter_reference", "rotate_half", "fits",
            "DTYPES"]
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -67,9 +68,10 @@ def _check(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.
         raise ValueError("the norm-RoPE kernel is inference-only (no autograd); use impl='torch' or torch.no_grad()")
 
 
-def _launch(x, weight, eps, cos, sin, out, slots, v, v_out) -> None:
-    """One program per token of `x [B, S, H, hd]`; `out [B, H, L, hd]` at `slots [B, S]` (None:
-    position s, L = S); `v`, `v_out` likewise for the values (or None)."""
+def _token_args(x, weight, eps, cos, sin, out, slots, v, v_out) -> tuple[list, dict, int]:
+    """The token kernel's runtime arguments (from `x` through the value output's strides), its
+    per-launch constexprs, and its program count (B * S), for `x [B, S, H, hd]` into `out [B, H,
+    L, hd]` at `slots [B, S]` (None: position s, L = S); `v`, `v_out` likewise for the values (or None)."""
     B, S, H, hd = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -95,16 +97,20 @@ def _launch(x, weight, eps, cos, sin, out, slots, v, v_out) -> None:
         slot_arg, s_pb, s_ps, length = slots, slots.stride(0), slots.stride(1), out.shape[2]
     else:
         slot_arg, s_pb, s_ps, length = x, 0, 0, S
-    if B * S == 0:
-        return
-    _tk._norm_rope_kernel[(B * S,)](
-        x, weight, cos, sin, out, slot_arg, v, v_out, S, H, length, float(eps),
-        x.stride(0), x.stride(1), x.stride(2), cos.stride(0), cos.stride(1),
-        out.stride(0), out.stride(1), out.stride(2), s_pb, s_ps,
-        v.stride(0), v.stride(1), v.stride(2), v_out.stride(0), v_out.stride(1), v_out.stride(2),
-        HALF=hd // 2, BLOCK_H=max(1, 1 << max(H - 1, 0).bit_length()), KIND=_KIND[x.dtype],
-        HAS_SLOTS=slots is not None, HAS_V=has_v,
-        num_warps=4)
+    args = [x, weight, cos, sin, out, slot_arg, v, v_out, S, H, length, float(eps),
+            x.stride(0), x.stride(1), x.stride(2), cos.stride(0), cos.stride(1),
+            out.stride(0), out.stride(1), out.stride(2), s_pb, s_ps,
+            v.stride(0), v.stride(1), v.stride(2), v_out.stride(0), v_out.stride(1), v_out.stride(2)]
+    meta = dict(HALF=hd // 2, BLOCK_H=max(1, 1 << max(H - 1, 0).bit_length()), KIND=_KIND[x.dtype],
+                HAS_SLOTS=slots is not None, HAS_V=has_v)
+    return args, meta, B * S
+
+
+def _launch(x, weight, eps, cos, sin, out, slots, v, v_out) -> None:
+    """One program per token of `x [B, S, H, hd]` (`_token_args` has the arguments)."""
+    args, meta, programs = _token_args(x, weight, eps, cos, sin, out, slots, v, v_out)
+    if programs:
+        _tk._norm_rope_kernel[(programs,)](*args, **meta, num_warps=4)
 
 
 def _resolved(impl: str) -> None:
@@ -148,3 +154,36 @@ def norm_rope_into_cache(k: torch.Tensor, v: torch.Tensor, weight: torch.Tensor,
     if tuple(k_cache.shape) != tuple(v_cache.shape) or k_cache.shape[1] != k.shape[2] or k_cache.shape[3] != k.shape[3]:
         raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not take keys {tuple(k.shape)}")
     _launch(k, weight, eps, cos, sin, k_cache, slots.to(torch.long), v, v_cache)
+
+
+def norm_rope_queries_and_cache(q: torch.Tensor, q_weight: torch.Tensor, q_eps: float, q_cos: torch.Tensor,
+                                q_sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_weight: torch.Tensor,
+                                k_eps: float, k_cos: torch.Tensor, k_sin: torch.Tensor, k_cache: torch.Tensor,
+                                v_cache: torch.Tensor, slots: torch.Tensor, *, impl: str = "torch") -> torch.Tensor:
+    """`norm_rope(q, ...)` returned and `norm_rope_into_cache(k, v, ...)` done, as one launch on
+    the Triton path (a program per key token, then a program per query token, each running
+    exactly what its own launch would: the same bits as the two calls). `q [B, S_q, H_q, hd]`
+    and `k, v [B, S_k, H_k, hd]` share B, hd and dtype; the rest as in those two functions.
+    Returns the queries `[B, H_q, S_q, hd]`."""
+    _resolved(impl)
+    if impl == "torch":
+        norm_rope_into_cache(k, v, k_weight, k_eps, k_cos, k_sin, k_cache, v_cache, slots, impl="torch")
+        return norm_rope_reference(q, q_weight, q_eps, q_cos, q_sin)
+    _check(q, q_weight, q_cos, q_sin)
+    _check(k, k_weight, k_cos, k_sin)
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.dtype != k.dtype:
+        raise ValueError(f"queries {tuple(q.shape)} {q.dtype} and keys {tuple(k.shape)} {k.dtype} must share B, hd "
+                         "and dtype")
+    if tuple(k_cache.shape) != tuple(v_cache.shape) or k_cache.shape[1] != k.shape[2] or k_cache.shape[3] != k.shape[3]:
+        raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not take keys {tuple(k.shape)}")
+    B, S_q, H_q, hd = q.shape
+    out = torch.empty(B, H_q, S_q, hd, dtype=q.dtype, device=q.device)
+    k_args, k_meta, n_k = _token_args(k, k_weight, k_eps, k_cos, k_sin, k_cache, slots.to(torch.long), v, v_cache)
+    q_args, q_meta, n_q = _token_args(q, q_weight, q_eps, q_cos, q_sin, out, None, None, None)
+    if n_k + n_q:
+        # the query launch's arguments without those it does not use (slots, values: HAS_SLOTS
+        # and HAS_V are off), then the program index where the queries start
+        q_used = q_args[:5] + q_args[8:10] + [q_args[11], n_k] + q_args[12:20]
+        _tk._norm_rope_pair_kernel[(n_k + n_q,)](*k_args, *q_used, HALF=k_meta["HALF"], BLOCK_HK=k_meta["BLOCK_H"],
+                                                 BLOCK_HQ=q_meta["BLOCK_H"], KIND=k_meta["KIND"], num_warps=4)
+    return out

@@ -13,7 +13,10 @@
 # result goes to out[b, h, slot, :], where slot = slots[b, s] (HAS_SLOTS: a cache) or s (a fresh
 # [B, H, S, hd] tensor). With HAS_V the program also copies the token's value heads
 # v[b, s, :, :] to v_out[b, :, slot, :] (a cache's values), so a layer's context or block keys and
-# values reach the cache in one launch.
+# values reach the cache in one launch. `_norm_rope_pair_kernel` runs two such launches as one
+# grid (an attention's keys and values into its cache, then its queries into a fresh tensor): a
+# program below `n_first` runs a key token, the others a query token, each with its own launch's
+# arguments, so every output has the bits of the separate launches.
 import triton
 import triton.language as tl
 
@@ -21,13 +24,13 @@ from dflash2.kernels.rounding import round_to as _round
 
 
 @triton.jit
-def _norm_rope_kernel(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, slot_ptr, v_ptr, vout_ptr,
+def _norm_rope_token(
+    pid, x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, slot_ptr, v_ptr, vout_ptr,
     S, H, L, eps,
     s_xb, s_xs, s_xh, s_cb, s_cs, s_ob, s_oh, s_ol, s_pb, s_ps, s_vb, s_vs, s_vh, s_vob, s_voh, s_vol,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr, KIND: tl.constexpr, HAS_SLOTS: tl.constexpr, HAS_V: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    """Token `pid` (= b * S + s) of x: its heads normed, rotated and stored (see the file's head)."""
     b = pid // S
     s = pid % S
     h = tl.arange(0, BLOCK_H)
@@ -73,3 +76,41 @@ def _norm_rope_kernel(
         vo_base = vout_ptr + b * s_vob + h[:, None] * s_voh + slot * s_vol + d[None, :]
         tl.store(vo_base, tl.load(v_base, mask=ok, other=0.0).to(vout_ptr.dtype.element_ty), mask=ok)
         tl.store(vo_base + HALF, tl.load(v_base + HALF, mask=ok, other=0.0).to(vout_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _norm_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, slot_ptr, v_ptr, vout_ptr,
+    S, H, L, eps,
+    s_xb, s_xs, s_xh, s_cb, s_cs, s_ob, s_oh, s_ol, s_pb, s_ps, s_vb, s_vs, s_vh, s_vob, s_voh, s_vol,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, KIND: tl.constexpr, HAS_SLOTS: tl.constexpr, HAS_V: tl.constexpr,
+):
+    _norm_rope_token(tl.program_id(0), x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, slot_ptr, v_ptr, vout_ptr,
+                     S, H, L, eps, s_xb, s_xs, s_xh, s_cb, s_cs, s_ob, s_oh, s_ol, s_pb, s_ps, s_vb, s_vs, s_vh,
+                     s_vob, s_voh, s_vol, HALF, BLOCK_H, KIND, HAS_SLOTS, HAS_V)
+
+
+@triton.jit
+def _norm_rope_pair_kernel(
+    # first: keys (and values) into a cache at slots; programs 0 .. B * S_k - 1
+    k_ptr, kw_ptr, kcos_ptr, ksin_ptr, kout_ptr, slot_ptr, v_ptr, vout_ptr,
+    S_K, H_K, L, k_eps,
+    s_kb, s_ks, s_kh, s_kcb, s_kcs, s_kob, s_koh, s_kol, s_pb, s_ps, s_vb, s_vs, s_vh, s_vob, s_voh, s_vol,
+    # second: queries into a fresh [B, H_Q, S_Q, hd] tensor; programs B * S_k .. B * (S_k + S_q) - 1
+    q_ptr, qw_ptr, qcos_ptr, qsin_ptr, qout_ptr,
+    S_Q, H_Q, q_eps, n_first,
+    s_qb, s_qs, s_qh, s_qcb, s_qcs, s_qob, s_qoh, s_qol,
+    HALF: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HQ: tl.constexpr, KIND: tl.constexpr,
+):
+    """The cache launch and the query launch of one attention as one grid: each program runs the
+    token of the launch it falls in, with that launch's arguments, so every output has the bits
+    the two separate launches give it."""
+    pid = tl.program_id(0)
+    if pid < n_first:
+        _norm_rope_token(pid, k_ptr, kw_ptr, kcos_ptr, ksin_ptr, kout_ptr, slot_ptr, v_ptr, vout_ptr,
+                         S_K, H_K, L, k_eps, s_kb, s_ks, s_kh, s_kcb, s_kcs, s_kob, s_koh, s_kol, s_pb, s_ps,
+                         s_vb, s_vs, s_vh, s_vob, s_voh, s_vol, HALF, BLOCK_HK, KIND, True, True)
+    else:
+        _norm_rope_token(pid - n_first, q_ptr, qw_ptr, qcos_ptr, qsin_ptr, qout_ptr, q_ptr, q_ptr, qout_ptr,
+                         S_Q, H_Q, S_Q, q_eps, s_qb, s_qs, s_qh, s_qcb, s_qcs, s_qob, s_qoh, s_qol, 0, 0,
+                         0, 0, 0, 0, 0, 0, HALF, BLOCK_HQ, KIND, False, False)
