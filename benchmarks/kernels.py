@@ -381,9 +381,10 @@ def _sweeps(batches: list[int], bw: float, kernels: set[str] = set(SWEPT)) -> st
                     timed("verify_block", batch, f"T={int(sampled)} block {block} warps {warps}", tri, nbytes,
                           max(10, len(tri)))
         if "row_attention" in kernels:
-            for queries in (1, 4, 16):
-                for block_n, warps, splits in ((64, 4, None), (64, 8, None), (32, 4, None), (32, 2, None),
-                                               (128, 8, None), (64, 4, 4), (64, 8, 16), (32, 4, 32)):
+            for queries in (1, 8, 16):  # AR, a verify of N = 7 and of N = 15 (and the draft's block)
+                for block_n, warps, splits in ((64, 4, None), (128, 8, None), (64, 4, 1), (64, 4, 2), (64, 4, 3),
+                                               (64, 4, 4), (64, 4, 6), (64, 4, 8), (128, 8, 2), (128, 8, 3),
+                                               (128, 4, 2)):
                     tiling = {"block_n": block_n, "num_warps": warps, "splits": splits}
                     tri, _, nbytes, _ = attention_case(batch, queries, tiling=tiling)
                     timed("row_attention", batch, f"q{queries} block_n {block_n} warps {warps} splits "
