@@ -9,7 +9,9 @@
 #   T > 0:  c* = argmax_c row[c] / T + G_c,  G_c = -log(-log u(seed, DRAFT, pos + j, C[b, j, c]))
 #           q_j = softmax(row / T)
 #   d_j = C[b, j, c*],  p_{j+1} = c*
-# Splitting the two keeps every global load off the walk's serial chain.
+# Splitting the two keeps every global load off the walk's serial chain. A greedy row (T = 0) takes
+# the branch without the keyed uniforms and the softmax (the same picks: the first maximum of the
+# row); the tokens are gathered from the picks after the walk.
 import triton
 import triton.language as tl
 
@@ -64,19 +66,26 @@ def _selector_walk_kernel(
     sampled = temp > 0.0
     t_safe = tl.where(sampled, temp, 1.0)
     pick = 0
+    picks = jj * 0  # [NP] the pick of each slot, gathered into tokens after the loop
     for j in range(N):
         row = tl.sum(tl.where((rows == j * KP + pick)[:, None], edges, 0.0), axis=0)  # [KP]
-        cand = tl.sum(tl.where((jj == j)[:, None], cands, 0), axis=0).to(tl.int64)  # [KP]
         row = tl.where(kok, row, float("-inf"))
-        scaled = row / t_safe
-        u = uniform_from_prefix_tl(key_prefix_tl(seed, STREAM, pos + j), cand)
-        score = tl.where(sampled, scaled - tl.log(-tl.log(u)), row)
-        score = tl.where(kok, score, float("-inf"))
-        best = tl.max(score, axis=0)
-        pick = tl.min(tl.where((score == best) & kok, kk, KP), axis=0)  # first maximum
-        mx = tl.max(scaled, axis=0)
-        e = tl.where(kok, tl.exp(scaled - mx), 0.0)
-        q = tl.where(sampled, e / tl.sum(e, axis=0), tl.where(kk == pick, 1.0, 0.0))
+        if sampled:
+            cand = tl.sum(tl.where((jj == j)[:, None], cands, 0), axis=0).to(tl.int64)  # [KP]
+            scaled = row / t_safe
+            u = uniform_from_prefix_tl(key_prefix_tl(seed, STREAM, pos + j), cand)
+            score = tl.where(kok, scaled - tl.log(-tl.log(u)), float("-inf"))
+            best = tl.max(score, axis=0)
+            pick = tl.min(tl.where((score == best) & kok, kk, KP), axis=0)  # first maximum
+            mx = tl.max(scaled, axis=0)
+            e = tl.where(kok, tl.exp(scaled - mx), 0.0)
+            q = e / tl.sum(e, axis=0)
+        else:  # greedy: the first maximum of the row, q one-hot (no keyed uniforms, no softmax)
+            best = tl.max(row, axis=0)
+            pick = tl.min(tl.where((row == best) & kok, kk, KP), axis=0)
+            q = tl.where(kk == pick, 1.0, 0.0)
         tl.store(q_ptr + b * s_qb + j * s_qj + kk, q, mask=kok)
-        tl.store(tok_ptr + b * s_tb + j, tl.sum(tl.where(kk == pick, cand, 0), axis=0))
-        tl.store(chosen_ptr + b * s_hb + j, pick.to(tl.int64))
+        picks = tl.where(jj == j, pick, picks)
+    slot_ok = jj < N
+    tl.store(tok_ptr + b * s_tb + jj, tl.sum(tl.where(kk[None, :] == picks[:, None], cands, 0), axis=1), mask=slot_ok)
+    tl.store(chosen_ptr + b * s_hb + jj, picks.to(tl.int64), mask=slot_ok)
