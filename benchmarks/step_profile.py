@@ -16,7 +16,9 @@ benchmark's models, `benchmarks.engine.build_models`). For each variant of the t
   `eager` (the engine without CUDA graphs, every launch from the host; it also runs the checks a
   graph capture skips, such as the draft cache's capacity check) and/or `graphs` (the decoding
   loop users run: the kernels of the replayed step graphs, after a warm-up call as long as the
-  longer profiled one, so both profiled calls only replay).
+  longer profiled one, so both profiled calls only replay). The draft + select's kernel time is
+  also given as a multiple of its bytes floor: the draft's parameters and the target's LM head
+  read once at the copy bandwidth measured at the start of the run.
 
 Variants: `base` = the engine without torch.compile; `light` / `full` = `compile_level="light"` /
 `"full"` (`dflash2.engine.compiled`). A compile is in place, so variants run in the order given
@@ -39,7 +41,7 @@ import torch
 
 from dflash2.engine import speculative_generate
 from benchmarks.engine import build_models
-from benchmarks.floors import sync
+from benchmarks.floors import copy_bandwidth_gbs, sync, weight_bytes
 from dflash2.engine.compiled import COMPILE_LEVELS, COMPILED_FLAG
 from dflash2.evaluation.oracle import DeviceOracleProposer
 
@@ -157,6 +159,17 @@ def difference(with_draft: dict, without: dict) -> dict:
     return summarize(per)
 
 
+def draft_select_floor(target, draft, device: torch.device) -> dict:
+    """The draft + select's bytes floor at batch 1: the draft's parameters (its layers, context
+    projection and selector, codebooks whole) and the target's LM head, each read once, at the copy
+    bandwidth (bytes read + written per second) measured now."""
+    copy_gbs = copy_bandwidth_gbs(device)
+    head = target.model.get_output_embeddings().weight
+    draft_b, head_b = weight_bytes(draft), head.numel() * head.element_size()
+    return {"copy_gbs": copy_gbs, "draft_gb": draft_b / 1e9, "head_gb": head_b / 1e9,
+            "ms": (draft_b + head_b) / (copy_gbs * 1e9) * 1e3}
+
+
 def oracle(batch: int, ids: torch.Tensor, vocab: int) -> DeviceOracleProposer:
     refs = [row.tolist() + [7] * 64 for row in ids]
     return DeviceOracleProposer(refs, list(range(batch)), 16, 0.0, vocab, ids.device)
@@ -185,8 +198,12 @@ def render(res: dict) -> str:
     for p in res["profiles"]:
         loop = "graph-replayed loop" if p.get("loop") == "graphs" else "eager loop"
         lines += ["", f"## Kernels per step, {loop}: {p['variant']}, batch {p['batch']}, {p['arm']} N={p['n']}", "",
-                  f"{p['launches']:.0f} launches, {p['gpu_us'] / 1e3:.2f} ms of kernel time per step", "",
-                  "| family | launches | ms |", "| --- | --- | --- |"]
+                  f"{p['launches']:.0f} launches, {p['gpu_us'] / 1e3:.2f} ms of kernel time per step", ""]
+        f = res.get("floor")
+        if p["arm"].startswith("draft + select") and f and p["batch"] == 1:
+            lines += [f"{p['gpu_us'] / 1e3 / f['ms']:.3f} x its bytes floor of {f['ms']:.4f} ms (draft {f['draft_gb']:.3f} GB "
+                      f"+ LM head {f['head_gb']:.3f} GB at {f['copy_gbs']:.0f} GB/s, this run's copy bandwidth)", ""]
+        lines += ["| family | launches | ms |", "| --- | --- | --- |"]
         lines += [f"| {k} | {v['launches']:.0f} | {v['us'] / 1e3:.3f} |" for k, v in p["families"].items()]
         lines += ["", "| kernel | family | launches | ms |", "| --- | --- | --- | --- |"]
         lines += [f"| `{t['name']}` | {t['family']} | {t['launches']:.0f} | {t['us'] / 1e3:.3f} |" for t in p["top"]]
@@ -221,7 +238,7 @@ def main() -> None:
     res = {"meta": f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; Qwen3-8B shape bf16 random, "
                    f"5-layer draft, context 512, {args.new_tokens} new tokens, attention {args.attention_impl}, "
                    f"linear {args.linear_impl}",
-           "graph": [], "profiles": []}
+           "floor": draft_select_floor(target, draft, dev), "graph": [], "profiles": []}
 
     def save() -> None:
         (out / "step_profile.json").write_text(json.dumps(res, indent=1))
@@ -282,6 +299,10 @@ def main() -> None:
                     d = difference(done["dflash2"], done["oracle"])
                     d.update(variant=variant, batch=batch, arm="draft + select (dflash2 - oracle)", n=n, loop=loop)
                     res["profiles"].append(d)
+                    if batch == 1:
+                        print(f"draft + select {loop} b1 N{n}: {d['gpu_us']:.1f} us, {d['launches']:.0f} launches, "
+                              f"{d['gpu_us'] / 1e3 / res['floor']['ms']:.3f} x the {res['floor']['ms']:.4f} ms floor "
+                              f"({res['floor']['copy_gbs']:.0f} GB/s)", flush=True)
                 save()
     from torch._dynamo.utils import counters
 

@@ -61,3 +61,23 @@ def test_difference_keeps_what_the_draft_adds(mod):
     assert set(d["per"]) == {"_topk_chunk_kernel", "nvjet_draft", "triton_per_fused_mean"}
     assert d["gpu_us"] == pytest.approx(40.0 + 90.0 + 8.0) and d["launches"] == pytest.approx(1 + 10 + 4)
     assert d["families"]["dflash2 triton"] == {"launches": 1.0, "us": 40.0}
+
+
+def test_draft_select_floor_counts_the_draft_and_the_head_at_the_runs_bandwidth(mod, monkeypatch):
+    import torch
+
+    class Target:  # the TargetModel surface the floor reads: the HF model's output embedding
+        model = torch.nn.Module()
+
+    head = torch.nn.Linear(8, 100, bias=False)
+    Target.model.get_output_embeddings = lambda: head
+    draft = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False), torch.nn.LayerNorm(8))
+    monkeypatch.setattr(mod, "copy_bandwidth_gbs", lambda device: 2.0)
+    f = mod.draft_select_floor(Target(), draft, torch.device("cpu"))
+    draft_bytes, head_bytes = (64 + 16) * 4, 800 * 4
+    assert f["draft_gb"] * 1e9 == pytest.approx(draft_bytes) and f["head_gb"] * 1e9 == pytest.approx(head_bytes)
+    assert f["ms"] == pytest.approx((draft_bytes + head_bytes) / 2e9 * 1e3)
+    res = {"meta": "m", "floor": f, "graph": [], "profiles": [
+        dict(mod.summarize({"_topk_chunk_kernel": (1.0, 3.0)}), variant="light", batch=1, n=15, loop="eager",
+             arm="draft + select (dflash2 - oracle)")]}
+    assert f"{3e-3 / f['ms']:.3f} x its bytes floor" in mod.render(res)
