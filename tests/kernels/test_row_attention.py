@@ -322,10 +322,13 @@ def test_head_groups_keep_the_exact_guarantees(triton_device):
     assert (block - row_attention_reference(q, k, v, pos)).abs().max() < 1e-5
 
 
-def test_split_count_fills_the_gpu_with_whole_blocks():
+def test_split_count_fills_the_gpu_with_whole_blocks_and_caps_tall_tiles():
     assert split_count(1, 8, 768) == 12   # 12 blocks of 64 keys, 96 programs
     assert split_count(32, 8, 768) == 1   # 256 programs already
     assert split_count(1, 8, 10) == 1
+    # a 64-row tile (16 queries x 4 heads) walks at least a quarter of the keys per program
+    assert split_count(1, 8, 768, tile_rows=64) == 4 and split_count(1, 8, 768, tile_rows=32) == 8
+    assert split_count(1, 8, 100, tile_rows=64) == 2  # still no more splits than key blocks
 
 
 def test_kernel_fits_matches_the_kernels_own_limits():

@@ -26,6 +26,11 @@ __all__ = ["row_attention", "row_attention_reference", "visible_mask", "split_co
 MAX_TILE_ROWS = 64  # query heads per K/V head x queries: decode and verify blocks, not prompts
 _BLOCK_N = 64
 _PROGRAMS = 264  # about two programs per SM on an H200 (132 SMs)
+# Splits per tile are capped at this many tile rows over the tile's rows: a 64-row tile (16 queries
+# x 4 heads) walks at least a quarter of the keys per program. On the H200 a 64-row tile at batch 1
+# over 528 keys took 15.4 us with 4 splits against 18.7 us with the 9 that filling the GPU gives
+# (docs/PERFORMANCE.md, row-attention sweeps), while 16-row tiles (decode) were fastest with 9.
+_SPLIT_TILE_ROWS = 256
 # The merge's programs: one per (row, K/V head) left 8 programs for the 8B target at batch 1 (12 us
 # a merge on the H200, twice the split stage) and 3 for SmolLM2; blocks of 16 tile rows x 32 head
 # dims give the 8B target 32 (decode) to 128 (16-token verify) and SmolLM2 6.
@@ -55,10 +60,13 @@ def kernel_fits(heads: int, kv_heads: int, queries: int, head_dim: int, *, head_
     return per_program == heads // kv_heads or (head_groups and per_program > 0)
 
 
-def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int = _BLOCK_N, programs: int = _PROGRAMS) -> int:
-    """Key splits per (row, K/V head): enough programs to fill the GPU, at least a block each."""
+def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int = _BLOCK_N, programs: int = _PROGRAMS,
+                tile_rows: int = 16) -> int:
+    """Key splits per (row, K/V head): enough programs to fill the GPU, at least a block each, and
+    at most `_SPLIT_TILE_ROWS / tile_rows` (a tall tile does more work per key block, and each split
+    adds a partial for the merge to read)."""
     blocks = max(1, -(-kv_len // block_n))
-    return max(1, min(blocks, programs // max(1, batch * kv_heads)))
+    return max(1, min(blocks, programs // max(1, batch * kv_heads), _SPLIT_TILE_ROWS // max(1, tile_rows)))
 
 
 def _check_split_keys(split_keys: int, block_n: int) -> None:
@@ -106,7 +114,7 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
             raise ValueError("pass splits or split_keys, not both")
         chunk = split_keys  # boundaries at slots 0, split_keys, 2 * split_keys, ... whatever B and kv
     else:
-        splits = splits or split_count(b, nkv, kv, block_n)
+        splits = splits or split_count(b, nkv, kv, block_n, tile_rows=m)
         chunk = -(-kv // splits)
         chunk = -(-chunk // block_n) * block_n
     splits = max(1, -(-kv // chunk))
