@@ -1,6 +1,7 @@
 # s19 call 1: small-matrix tiling sweep (k/v-sized 1024x4096 = the draft's kernel projections, q/o 4096x4096);
 # step profile of HEAD (eager loop) to measure 6c51eb0's stacked buffer and embedding gather
-source .session/env.sh; echo s19 > /tmp/s19.flag
+source .session/env.sh;  # = calls/env.sh
+ echo s19 > /tmp/s19.flag
 mkdir -p $OUT/t; nvidia-smi -L > $OUT/t/gpu.txt
 t0=$(date +%s)
 timeout 150 python3 -m benchmarks.linear --sweep --shapes k_v --rows 1 16 32 --no-stack --wide-rows \

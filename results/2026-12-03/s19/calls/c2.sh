@@ -1,6 +1,7 @@
 # s19 call 2: kernel tests on the GPU (the gpu-marked suite, plus norm-RoPE, selector and row-attention
 # small-shape tests compiled); graph + exact GPU tests; row-attention split sweep (q 1, 8, 16; batch 1, 8); step profile of this tree
-source .session/env.sh; echo s19 > /tmp/s19.flag
+source .session/env.sh;  # = calls/env.sh
+ echo s19 > /tmp/s19.flag
 mkdir -p $OUT/t; export DFLASH2_GPU_OUT=$OUT/t; nvidia-smi -L > $OUT/t/gpu.txt
 t0=$(date +%s)
 timeout 130 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels > $OUT/t/kernels_gpu.log 2>&1

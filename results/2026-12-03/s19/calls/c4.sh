@@ -1,5 +1,6 @@
 # s19 call 4: the engine benchmark in wall clock: batch 1 (AR, N = 15) against HF + compile; batch 8 / 32 spec / AR
-source .session/env.sh; [ -f /tmp/s19.flag ] || echo "(fresh machine)"
+source .session/env.sh;  # = calls/env.sh
+ [ -f /tmp/s19.flag ] || echo "(fresh machine)"
 mkdir -p $OUT/t; t0=$(date +%s)
 timeout 300 python3 -m benchmarks.engine --batch 1 --context 512 --n 15 --new-tokens 64 --compile-level light \
    --linear-impl triton --arms hf_compile,ours --budget-s 280 --out $OUT/t/engine_b1.md --json $OUT/t/engine_b1.json > $OUT/t/engine_b1.log 2>&1
