@@ -40,8 +40,8 @@ try:
 except ImportError:  # triton missing: only impl="torch" works (resolve_impl says so)
     _tk = None
 
-__all__ = ["norm_rope", "norm_rope_into_cache", "norm_rope_queries_and_cache", "norm_rope_reference", "scatter_reference", "rotate_half", "fits",
-           "DTYPES"]
+__all__ = ["norm_rope", "norm_rope_into_cache", "norm_rope_queries_and_cache", "norm_rope_reference",
+           "scatter_reference", "rotate_half", "fits", "DTYPES"]
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -66,6 +66,11 @@ def _check(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.
                          f"{tuple(weight.shape)} {weight.dtype}, cos {cos.dtype}, sin {sin.dtype}; use impl='torch'")
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         raise ValueError("the norm-RoPE kernel is inference-only (no autograd); use impl='torch' or torch.no_grad()")
+
+
+def _check_caches(k: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    if tuple(k_cache.shape) != tuple(v_cache.shape) or k_cache.shape[1] != k.shape[2] or k_cache.shape[3] != k.shape[3]:
+        raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not take keys {tuple(k.shape)}")
 
 
 def _token_args(x, weight, eps, cos, sin, out, slots, v, v_out) -> tuple[list, dict, int]:
@@ -151,8 +156,7 @@ def norm_rope_into_cache(k: torch.Tensor, v: torch.Tensor, weight: torch.Tensor,
         scatter_reference(v_cache, v.transpose(1, 2), slots)
         return
     _check(k, weight, cos, sin)
-    if tuple(k_cache.shape) != tuple(v_cache.shape) or k_cache.shape[1] != k.shape[2] or k_cache.shape[3] != k.shape[3]:
-        raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not take keys {tuple(k.shape)}")
+    _check_caches(k, k_cache, v_cache)
     _launch(k, weight, eps, cos, sin, k_cache, slots.to(torch.long), v, v_cache)
 
 
@@ -174,16 +178,12 @@ def norm_rope_queries_and_cache(q: torch.Tensor, q_weight: torch.Tensor, q_eps: 
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.dtype != k.dtype:
         raise ValueError(f"queries {tuple(q.shape)} {q.dtype} and keys {tuple(k.shape)} {k.dtype} must share B, hd "
                          "and dtype")
-    if tuple(k_cache.shape) != tuple(v_cache.shape) or k_cache.shape[1] != k.shape[2] or k_cache.shape[3] != k.shape[3]:
-        raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not take keys {tuple(k.shape)}")
+    _check_caches(k, k_cache, v_cache)
     B, S_q, H_q, hd = q.shape
     out = torch.empty(B, H_q, S_q, hd, dtype=q.dtype, device=q.device)
     k_args, k_meta, n_k = _token_args(k, k_weight, k_eps, k_cos, k_sin, k_cache, slots.to(torch.long), v, v_cache)
     q_args, q_meta, n_q = _token_args(q, q_weight, q_eps, q_cos, q_sin, out, None, None, None)
     if n_k + n_q:
-        # the query launch's arguments without those it does not use (slots, values: HAS_SLOTS
-        # and HAS_V are off), then the program index where the queries start
-        q_used = q_args[:5] + q_args[8:10] + [q_args[11], n_k] + q_args[12:20]
-        _tk._norm_rope_pair_kernel[(n_k + n_q,)](*k_args, *q_used, HALF=k_meta["HALF"], BLOCK_HK=k_meta["BLOCK_H"],
+        _tk._norm_rope_pair_kernel[(n_k + n_q,)](n_k, *k_args, *q_args, HALF=k_meta["HALF"], BLOCK_HK=k_meta["BLOCK_H"],
                                                  BLOCK_HQ=q_meta["BLOCK_H"], KIND=k_meta["KIND"], num_warps=4)
     return out

@@ -92,25 +92,26 @@ def _norm_rope_kernel(
 
 @triton.jit
 def _norm_rope_pair_kernel(
-    # first: keys (and values) into a cache at slots; programs 0 .. B * S_k - 1
-    k_ptr, kw_ptr, kcos_ptr, ksin_ptr, kout_ptr, slot_ptr, v_ptr, vout_ptr,
-    S_K, H_K, L, k_eps,
-    s_kb, s_ks, s_kh, s_kcb, s_kcs, s_kob, s_koh, s_kol, s_pb, s_ps, s_vb, s_vs, s_vh, s_vob, s_voh, s_vol,
-    # second: queries into a fresh [B, H_Q, S_Q, hd] tensor; programs B * S_k .. B * (S_k + S_q) - 1
-    q_ptr, qw_ptr, qcos_ptr, qsin_ptr, qout_ptr,
-    S_Q, H_Q, q_eps, n_first,
-    s_qb, s_qs, s_qh, s_qcb, s_qcs, s_qob, s_qoh, s_qol,
+    n_first,
+    # first: keys (and values) into a cache at slots; programs 0 .. n_first - 1
+    k_ptr, kw_ptr, kcos_ptr, ksin_ptr, kout_ptr, kslot_ptr, kv_ptr, kvout_ptr,
+    S_K, H_K, L_K, k_eps,
+    s_kb, s_ks, s_kh, s_kcb, s_kcs, s_kob, s_koh, s_kol, s_kpb, s_kps, s_kvb, s_kvs, s_kvh, s_kvob, s_kvoh, s_kvol,
+    # second: queries into a fresh [B, H_Q, S_Q, hd] tensor (no slots, no values); programs from n_first on
+    q_ptr, qw_ptr, qcos_ptr, qsin_ptr, qout_ptr, qslot_ptr, qv_ptr, qvout_ptr,
+    S_Q, H_Q, L_Q, q_eps,
+    s_qb, s_qs, s_qh, s_qcb, s_qcs, s_qob, s_qoh, s_qol, s_qpb, s_qps, s_qvb, s_qvs, s_qvh, s_qvob, s_qvoh, s_qvol,
     HALF: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HQ: tl.constexpr, KIND: tl.constexpr,
 ):
     """The cache launch and the query launch of one attention as one grid: each program runs the
-    token of the launch it falls in, with that launch's arguments, so every output has the bits
-    the two separate launches give it."""
+    token of the launch it falls in, with that launch's arguments (`_norm_rope_kernel`'s, in its
+    order), so every output has the bits the two separate launches give it."""
     pid = tl.program_id(0)
     if pid < n_first:
-        _norm_rope_token(pid, k_ptr, kw_ptr, kcos_ptr, ksin_ptr, kout_ptr, slot_ptr, v_ptr, vout_ptr,
-                         S_K, H_K, L, k_eps, s_kb, s_ks, s_kh, s_kcb, s_kcs, s_kob, s_koh, s_kol, s_pb, s_ps,
-                         s_vb, s_vs, s_vh, s_vob, s_voh, s_vol, HALF, BLOCK_HK, KIND, True, True)
+        _norm_rope_token(pid, k_ptr, kw_ptr, kcos_ptr, ksin_ptr, kout_ptr, kslot_ptr, kv_ptr, kvout_ptr,
+                         S_K, H_K, L_K, k_eps, s_kb, s_ks, s_kh, s_kcb, s_kcs, s_kob, s_koh, s_kol, s_kpb, s_kps,
+                         s_kvb, s_kvs, s_kvh, s_kvob, s_kvoh, s_kvol, HALF, BLOCK_HK, KIND, True, True)
     else:
-        _norm_rope_token(pid - n_first, q_ptr, qw_ptr, qcos_ptr, qsin_ptr, qout_ptr, q_ptr, q_ptr, qout_ptr,
-                         S_Q, H_Q, S_Q, q_eps, s_qb, s_qs, s_qh, s_qcb, s_qcs, s_qob, s_qoh, s_qol, 0, 0,
-                         0, 0, 0, 0, 0, 0, HALF, BLOCK_HQ, KIND, False, False)
+        _norm_rope_token(pid - n_first, q_ptr, qw_ptr, qcos_ptr, qsin_ptr, qout_ptr, qslot_ptr, qv_ptr, qvout_ptr,
+                         S_Q, H_Q, L_Q, q_eps, s_qb, s_qs, s_qh, s_qcb, s_qcs, s_qob, s_qoh, s_qol, s_qpb, s_qps,
+                         s_qvb, s_qvs, s_qvh, s_qvob, s_qvoh, s_qvol, HALF, BLOCK_HQ, KIND, False, False)
