@@ -205,6 +205,14 @@ def validate(cfg: Any) -> None:
     attention = getattr(cfg, "attention_impl", "auto")
     if attention not in IMPLS:
         raise ValueError(f"attention_impl={attention!r}: use one of {', '.join(IMPLS)}")
+    if attention == "triton":  # refused here, before any file is written, not in the engine mid-run
+        from dflash2.kernels.dispatch import resolve_impl
+        from dflash2.runconfig import resolve_device
+
+        try:
+            resolve_impl(attention, resolve_device(cfg.hardware))
+        except RuntimeError as exc:
+            raise ValueError(f"attention_impl=triton: {exc}") from None
     from dflash2.engine.settings import EXACT_IMPLS
 
     if exact_impl not in ("auto", *EXACT_IMPLS):

@@ -75,6 +75,17 @@ def test_invariant_exact_mode_is_refused_before_work_where_its_kernels_cannot_ru
     validate(_compose(["experiment=tiny_cpu", "exact=true", "exact_impl=rows", "hardware.device=cpu"]))
 
 
+def test_triton_attention_is_refused_before_work_where_it_cannot_run(monkeypatch):
+    import dflash2.kernels.dispatch as dispatch
+
+    cfg = _compose(["experiment=tiny_cpu", "attention_impl=triton", "hardware.device=cpu"])
+    monkeypatch.setattr(dispatch, "triton_interpreter_enabled", lambda: False)
+    with pytest.raises(ValueError, match="attention_impl=triton: impl='triton' cannot run on device cpu"):
+        validate(cfg)
+    monkeypatch.setattr(dispatch, "triton_interpreter_enabled", lambda: True)  # the interpreter runs it
+    validate(cfg)
+
+
 def test_run_identity_ignores_output_and_logger_but_not_format():
     fmt = {"chat_template_sha": "abc", "enable_thinking": False, "hash": "h1"}
     a, _ = run_identity(_compose(["experiment=tiny_cpu", "output_dir=/a"]), fmt)
