@@ -20,12 +20,13 @@ shapes) but commit nothing. The step's bookkeeping (lengths, budgets, stop token
 flags, the commit) stays on the device, in the state's buffers; the host learns of it from one
 `[REPORT_ROWS, B]` report per step, copied into pinned memory without blocking, and reads step
 k's report while step k+1 runs (`dflash2.engine.reports`, `_run_steps`): the host never blocks
-on the step it just launched, except on a step expected to finish the call. The step body works
-in place on static buffers and has no host sync (the draft cache's capacity check is skipped
-under capture), so on CUDA it replays from CUDA graphs, one per K/V bucket
-(`dflash2.engine.graphs`; `graphs=False` for the eager loop). The state the step works on (`dflash2.engine.state.DecodeState`) has a batch-bucket
-row count on the graph path and is kept on the target, graphs included, for the next call with
-the same settings.
+on the step it just launched, except on a step expected to finish the call, and the cyclic
+garbage collector stays off during the loop (`collector_paused`), so no collection stalls the
+host there. The step body works in place on static buffers and has no host sync (the draft
+cache's capacity check is skipped under capture), so on CUDA it replays from CUDA graphs, one
+per K/V bucket (`dflash2.engine.graphs`; `graphs=False` for the eager loop). The state the step
+works on (`dflash2.engine.state.DecodeState`) has a batch-bucket row count on the graph path and
+is kept on the target, graphs included, for the next call with the same settings.
 
 What each mode guarantees:
 - greedy, normal mode: the output is the target's greedy path as this engine computes it. In
@@ -75,8 +76,10 @@ default (`exact=False`).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -361,7 +364,7 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
                 state.runner = StepGraphs(state.step, device)
             runner = state.runner
             captures_before = runner.captures
-        with state.step_modes():
+        with state.step_modes(), collector_paused():
             steps, last = _run_steps(state, runner, times, plen_host, max_new_tokens=max_new_tokens,
                                      kv_bucket=kv_bucket, clock=clock, pipelined=pipelined)
         if runner is not None:
@@ -376,6 +379,21 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
     reasons = ["stop" if h else "length" for h in state.hit_stop[:bsz].tolist()]
     seqs = [tok_cpu[b, : plen_host[b] + gen_host[b]].clone() for b in range(bsz)]
     return SpeculativeOutput(seqs, accepted, plen_host, reasons, n_spec, times)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, then back in its previous state (also
+    on an exception). The decoding loop runs inside it: the loop allocates few objects, while one
+    full collection in a process holding compiled models walks all of theirs and can outlast the
+    step queued ahead of the host, which the device then waits for."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _run_steps(state: DecodeState, runner, times: StepTimes, plen_host: list[int], *, max_new_tokens: int,
@@ -420,7 +438,9 @@ def _run_steps(state: DecodeState, runner, times: StepTimes, plen_host: list[int
             if runner is not None and (launched > 1 or state.first_step_replays):
                 # Graph buckets are coarser than eager ones: fewer captures; masked tail slots are free.
                 t0s.append(clock())
+                t_launch = time.perf_counter()
                 times.replayed.append(runner.step(min(round_up(kv_need, GRAPH_KV_BUCKET), state.max_len)))
+                times.launch.append(time.perf_counter() - t_launch)
             else:
                 kv_len = round_up(kv_need, kv_bucket) if kv_bucket else kv_need  # a new shape every bucket only
                 t0s.append(state.step(kv_len, record=times, clock=clock))  # (the cache caps it at its slots)

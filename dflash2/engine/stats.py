@@ -109,6 +109,8 @@ class StepTimes:
     only when the engine runs with `timing=True`. Otherwise, on the pipelined graph path,
     `verify` holds the wall time between two step reports arriving (one extra step on finished
     rows may be among them), and on other asynchronous paths the readings are launch times.
+    `launch` (graph mode) holds, per step, the host time of the runner's call (never synchronized):
+    for a replayed step, its launch, the part of the host's per-step work a pipelined loop hides.
     """
 
     prefill: float = 0.0
@@ -119,6 +121,7 @@ class StepTimes:
     synchronized: bool = False
     graph_captures: int = 0
     replayed: list[bool] = field(default_factory=list)  # graph mode: per step, a replay (False: eager/capture)
+    launch: list[float] = field(default_factory=list)  # graph mode: per step, host seconds in the runner's call
     graph_error: str | None = None  # graph mode: why a capture failed (the call then finished eagerly)
 
     @property

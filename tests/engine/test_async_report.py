@@ -121,6 +121,8 @@ def test_pipelined_loop_equals_the_synchronous_loop_on_a_deferred_device(models,
     assert device.queue == []  # every launched step was waited for
     assert steps == list(range(1, len(steps) + 1)) and len(out.times.verify) == len(steps)
     assert len(steps) <= max(map(len, reference.accepted)) + 1  # at most one lookahead step
+    # The graph path times each runner call (the host's launch of a replay) once per step it ran.
+    assert len(out.times.launch) == (len(steps) if graphs else 0) and all(x >= 0 for x in out.times.launch)
     blocking = [k for k, b in device.waits if b]
     if kind == "ar" and temperature == 0.0:
         # AR commits one token a step: only the last step can end the call, and no step runs after it.
@@ -154,3 +156,37 @@ def test_a_step_on_finished_rows_changes_nothing(models, monkeypatch):
     assert [s.tolist() for s in out.sequences] == [state.tokens[b, : out.prompt_lengths[b] + len(g)].tolist()
                                                     for b, g in enumerate(out.generated)]
     engine_state.release_decode_state(target)
+
+
+def test_the_collector_is_off_during_the_loop_and_restored_after(models, monkeypatch):
+    """No garbage collection can stall the host between steps: the collector is off at every report
+    read of the loop, back on after the call (and after a failing one), and left off if it was."""
+    import gc
+
+    target, draft, prompts = models
+    real_wait = engine_reports.StepReports.wait
+    seen: list[bool] = []
+
+    def wait(reports, k):
+        seen.append(gc.isenabled())
+        return real_wait(reports, k)
+
+    monkeypatch.setattr(engine_reports.StepReports, "wait", wait)
+    assert gc.isenabled()
+    speculative_generate(target, draft, prompts, max_new_tokens=6, num_speculative_tokens=3)
+    assert seen and not any(seen) and gc.isenabled()
+
+    def failing_wait(reports, k):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine_reports.StepReports, "wait", failing_wait)
+    with pytest.raises(RuntimeError, match="device lost"):
+        speculative_generate(target, draft, prompts, max_new_tokens=6, num_speculative_tokens=3)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with engine_generate.collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()
