@@ -49,6 +49,7 @@ start) skips the remaining cells with "not run (budget)" rows instead of overrun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import shlex
@@ -56,6 +57,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -137,9 +139,68 @@ def wall_step_ms(call, new_tokens: int, steps: int, repeats: int, device: torch.
         sync(device)
         return wall_clock() - t
 
-    full = statistics.median(timed(new_tokens) for _ in range(repeats))
-    one = statistics.median(timed(1) for _ in range(repeats))
-    return (full - one) / steps * 1e3, {"call_ms": full * 1e3, "one_token_call_ms": one * 1e3, "steps": steps}
+    with gc_pauses() as pauses:
+        fulls = [timed(new_tokens) for _ in range(repeats)]
+    ones = [timed(1) for _ in range(repeats)]
+    full, one = statistics.median(fulls), statistics.median(ones)
+    return (full - one) / steps * 1e3, {"call_ms": full * 1e3, "one_token_call_ms": one * 1e3, "steps": steps,
+                                        "calls_ms": [t * 1e3 for t in fulls],
+                                        "one_token_calls_ms": [t * 1e3 for t in ones],
+                                        "gc_pauses": len(pauses), "gc_ms": sum(pauses) * 1e3,
+                                        "gc_max_ms": max(pauses, default=0.0) * 1e3}
+
+
+@contextlib.contextmanager
+def gc_pauses() -> Iterator[list[float]]:
+    """Seconds of each garbage collection that runs inside the block (Python's `gc.callbacks`)."""
+    pauses: list[float] = []
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[:] = [time.perf_counter()]
+        elif started:
+            pauses.append(time.perf_counter() - started.pop())
+
+    gc.callbacks.append(on_gc)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(on_gc)
+
+
+def _pipelined_readings(t, warmup_steps: int) -> dict:
+    """From a timed call's own (unsynchronized) step readings: per step, the host wall time between
+    two reports arriving (`pipelined_step_ms`) and the host time in the graph replay call
+    (`launch_ms`), as median and max over the steps after the warm-up, in ms. A step wall time
+    above the synchronized in-step time, or a launch near it, says where host time per step goes."""
+    def med_max(xs: list[float]) -> tuple[float | None, float | None]:
+        xs = xs[warmup_steps:]
+        return (statistics.median(xs) * 1e3, max(xs) * 1e3) if xs else (None, None)
+
+    step_med, step_max = med_max(t.verify)
+    launch_med, launch_max = med_max(t.launch)
+    return {"pipelined_step_ms": step_med, "pipelined_step_max_ms": step_max,
+            "launch_ms": launch_med, "launch_max_ms": launch_max}
+
+
+def _log_cell(cell: dict) -> None:
+    """One stderr line per measured cell: the wall figure and the readings behind it."""
+    ex = cell.get("extra") or {}
+    fmt = lambda xs: "/".join(f"{x:.1f}" for x in xs)  # noqa: E731
+    parts = [f"{cell['arm']} b{cell['batch']} ctx {cell['context']}: {cell['status']}"]
+    if cell.get("ms_step") is not None:
+        parts.append(f"{cell['ms_step']:.3f} ms/step")
+    if ex.get("calls_ms"):
+        parts.append(f"calls {fmt(ex['calls_ms'])} ms, 1-token calls {fmt(ex['one_token_calls_ms'])} ms")
+    if "gc_pauses" in ex:
+        parts.append(f"{ex['gc_pauses']} collections in the whole-length calls, {ex['gc_ms']:.1f} ms "
+                     f"(max {ex['gc_max_ms']:.1f})")
+    if ex.get("pipelined_step_ms") is not None:
+        parts.append(f"pipelined step median {ex['pipelined_step_ms']:.3f} max {ex['pipelined_step_max_ms']:.3f} ms")
+    if ex.get("launch_ms") is not None:
+        parts.append(f"replay launch median {ex['launch_ms']:.3f} max {ex['launch_max_ms']:.3f} ms")
+    print("; ".join(parts), file=sys.stderr)
 
 
 def _oracle_step_ms(target, ids: torch.Tensor, n: int, new_tokens: int, warmup_steps: int,
@@ -178,13 +239,18 @@ def _run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_
     drafter = draft if n > 0 else None
     kw = dict(num_speculative_tokens=n if n > 0 else None, **engine_kw)
 
+    last_full: list = []  # the last whole-length call's output: its per-step host readings
+
     def call(m: int) -> None:
-        speculative_generate(target, drafter, ids, max_new_tokens=m, **kw)
+        out = speculative_generate(target, drafter, ids, max_new_tokens=m, **kw)
+        if m == new_tokens:
+            last_full[:] = [out]
 
     # Untimed: the compile of this shape class, the graphs of every K/V bucket, the kept state.
     out = speculative_generate(target, drafter, ids, max_new_tokens=new_tokens, **kw)
     steps = max(map(len, out.accepted))  # decoding steps with a row still generating
     ms, extra = wall_step_ms(call, new_tokens, steps, repeats, ids.device)
+    extra.update(_pipelined_readings(last_full[0].times, warmup_steps))
     # The breakdown: the same call with the device synchronized after every step (timing=True).
     t = speculative_generate(target, drafter, ids, max_new_tokens=new_tokens, timing=True, **kw).times
     if len(t.verify) <= warmup_steps:
@@ -566,6 +632,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                 cell["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
             last_s[kind] = time.perf_counter() - t0
             cell["cell_s"] = last_s[kind]
+            _log_cell(cell)
         run["cells"].append(cell)
         save()
     save()

@@ -188,7 +188,8 @@ def test_wall_clock_step_and_the_oracle_split_of_a_graph_step(monkeypatch):
         steps = -(-(kw["max_new_tokens"] - 1) // 2)  # two tokens a step
         now[0] += (1.0 + 12.0 * steps) / 1e3
         ms = 7.0 if oracle else 10.0
-        times = StepTimes(verify=[0.05] + [ms / 1e3] * (steps - 1), replayed=[False] + [True] * (steps - 1))
+        times = StepTimes(verify=[0.05] + [ms / 1e3] * (steps - 1), replayed=[False] + [True] * (steps - 1),
+                          launch=[0.05] + [0.4e-3] * (steps - 2) + [0.9e-3])
         n = kw["num_speculative_tokens"] or 0
         acc = min(n, 1)  # a speculative step accepts one draft token here, an AR step none
         return SpeculativeOutput([], [[acc] * steps, [acc] * (steps - 1)], [4, 4], ["length"] * 2, n, times)
@@ -204,6 +205,11 @@ def test_wall_clock_step_and_the_oracle_split_of_a_graph_step(monkeypatch):
     assert res["in_step_ms"] == pytest.approx(10.0) and res["host_ms_step"] == pytest.approx(2.0)
     assert res["phases_ms"]["verify"] == pytest.approx(7.0)
     assert res["phases_ms"]["draft_select"] == pytest.approx(3.0)
+    # The readings of the last whole-length call (after the warm-up steps): step wall time and launch.
+    ex = res["extra"]
+    assert len(ex["calls_ms"]) == len(ex["one_token_calls_ms"]) == 2
+    assert ex["pipelined_step_ms"] == pytest.approx(10.0) and ex["pipelined_step_max_ms"] == pytest.approx(10.0)
+    assert ex["launch_ms"] == pytest.approx(0.4) and ex["launch_max_ms"] == pytest.approx(0.9)
     row = bench.render([{"meta": {"part": "all", "command": "x", "wall_s": 1.0, "device_name": "d", "torch": "t",
                                   "transformers": "t", "shape": "tiny", "shape_desc": "s", "new_tokens": 12,
                                   "warmup_steps": 2},
@@ -228,3 +234,14 @@ def test_exact_arms_sit_beside_the_normal_ones_with_their_cost(tmp_path):
         assert exact["status"] == "ok" and exact["exact_cost"] == pytest.approx(exact["ms_step"] / cells[arm]["ms_step"])
     md = (tmp_path / "e.md").read_text()
     assert "## Exact mode's cost" in md and "`exact_impl` rows, no compile" in md and "| 8 | 1 | ours N=3 exact |" in md
+
+
+def test_gc_pauses_times_each_collection_inside_the_block_only():
+    import gc
+
+    before = list(gc.callbacks)
+    with bench.gc_pauses() as pauses:
+        gc.collect()
+        gc.collect(0)
+    gc.collect()  # outside: not recorded
+    assert len(pauses) == 2 and all(p > 0 for p in pauses) and gc.callbacks == before
