@@ -15,8 +15,8 @@ Our arms run with `--compile-level` (default `light`: the norms and MLPs torch.c
 (and the CUDA graphs of every K/V bucket) is paid by an untimed call before the cell. On CPU our
 arms run uncompiled.
 
-**ms/step, the same measure for every arm** (`wall_step_ms`): (t(1 + K new tokens) - t(1 token))
-/ steps, each t the median wall time of `--repeats` whole public-API calls, the device
+**ms/step, the same measure for every arm** (`benchmarks.wallclock.wall_step_ms`): (t(1 + K new
+tokens) - t(1 token)) / steps, each t the median wall time of `--repeats` whole public-API calls, the device
 synchronized only before and after a call; K = `--new-tokens` - 1, steps = K for HF and our AR,
 and the decoding steps of the call for a speculative arm (tokens/step = K / steps, about 1 with
 the random draft). It includes everything a user pays between steps: the report read, the host
@@ -25,6 +25,9 @@ bookkeeping, the next launch. Breakdown columns, ours only: "in-step ms" = the m
 step is one graph replay, and the phase column splits it as draft + select / verify + commit, the
 latter being the step of a run with the device oracle at the same N, which proposes for free), and
 "host ms/step" = ms/step - in-step ms, the host time per step left outside the device's work.
+Each measured cell also logs one stderr line (and keeps in its JSON `extra`): every whole call's
+wall time, the garbage collections inside the whole-length calls, and, for our arms, the last
+such call's own step-to-step wall time and graph-launch time (`benchmarks.wallclock`).
 
 The compiled HF cells run last in each call and keep transformers' defaults (a second batch size
 recompiles with a dynamic batch dimension), so their peak memory includes the CUDA-graph pools of
@@ -49,7 +52,6 @@ start) skips the remaining cells with "not run (budget)" rows instead of overrun
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import shlex
@@ -57,12 +59,12 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from benchmarks.floors import Floors, sync, weight_bytes
+from benchmarks.floors import Floors, weight_bytes
+from benchmarks.wallclock import pipelined_readings, wall_step_ms
 from dflash2.engine.compiled import COMPILE_LEVELS
 from dflash2.kernels.dispatch import resolve_impl
 from dflash2.runconfig import DraftSpec, TargetSpec, new_draft, random_target_config
@@ -87,7 +89,6 @@ NA_CPU = "n/a on CPU"
 # Prior duration (s) of a cell kind before one has run: the first compile is the long one.
 PRIOR_S = {"hf_compile": 150.0}
 TARGET_SHAPE, TARGET_DEVICE = "qwen3-8b", "H200"
-wall_clock = time.perf_counter  # the clock of `wall_step_ms` (a module attribute: tests replace it)
 
 
 def arm_name(n: int) -> str:
@@ -125,63 +126,6 @@ def _peak_start(device: torch.device) -> None:
 
 def _peak_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-
-
-def wall_step_ms(call, new_tokens: int, steps: int, repeats: int, device: torch.device) -> tuple[float, dict]:
-    """The one per-step measure of every arm: (t(new_tokens) - t(1)) / steps in ms, each t the
-    median wall time of `repeats` whole calls `call(max_new_tokens)`, the device synchronized only
-    before and after a call. `steps`: decoding steps of the `new_tokens` call (new_tokens - 1
-    for HF and our AR; the call's steps for a speculative arm)."""
-    def timed(n: int) -> float:
-        sync(device)
-        t = wall_clock()
-        call(n)
-        sync(device)
-        return wall_clock() - t
-
-    with gc_pauses() as pauses:
-        fulls = [timed(new_tokens) for _ in range(repeats)]
-    ones = [timed(1) for _ in range(repeats)]
-    full, one = statistics.median(fulls), statistics.median(ones)
-    return (full - one) / steps * 1e3, {"call_ms": full * 1e3, "one_token_call_ms": one * 1e3, "steps": steps,
-                                        "calls_ms": [t * 1e3 for t in fulls],
-                                        "one_token_calls_ms": [t * 1e3 for t in ones],
-                                        "gc_pauses": len(pauses), "gc_ms": sum(pauses) * 1e3,
-                                        "gc_max_ms": max(pauses, default=0.0) * 1e3}
-
-
-@contextlib.contextmanager
-def gc_pauses() -> Iterator[list[float]]:
-    """Seconds of each garbage collection that runs inside the block (Python's `gc.callbacks`)."""
-    pauses: list[float] = []
-    started: list[float] = []
-
-    def on_gc(phase: str, info: dict) -> None:
-        if phase == "start":
-            started[:] = [time.perf_counter()]
-        elif started:
-            pauses.append(time.perf_counter() - started.pop())
-
-    gc.callbacks.append(on_gc)
-    try:
-        yield pauses
-    finally:
-        gc.callbacks.remove(on_gc)
-
-
-def _pipelined_readings(t, warmup_steps: int) -> dict:
-    """From a timed call's own (unsynchronized) step readings: per step, the host wall time between
-    two reports arriving (`pipelined_step_ms`) and the host time in the graph replay call
-    (`launch_ms`), as median and max over the steps after the warm-up, in ms. A step wall time
-    above the synchronized in-step time, or a launch near it, says where host time per step goes."""
-    def med_max(xs: list[float]) -> tuple[float | None, float | None]:
-        xs = xs[warmup_steps:]
-        return (statistics.median(xs) * 1e3, max(xs) * 1e3) if xs else (None, None)
-
-    step_med, step_max = med_max(t.verify)
-    launch_med, launch_max = med_max(t.launch)
-    return {"pipelined_step_ms": step_med, "pipelined_step_max_ms": step_max,
-            "launch_ms": launch_med, "launch_max_ms": launch_max}
 
 
 def _log_cell(cell: dict) -> None:
@@ -250,7 +194,7 @@ def _run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_
     out = speculative_generate(target, drafter, ids, max_new_tokens=new_tokens, **kw)
     steps = max(map(len, out.accepted))  # decoding steps with a row still generating
     ms, extra = wall_step_ms(call, new_tokens, steps, repeats, ids.device)
-    extra.update(_pipelined_readings(last_full[0].times, warmup_steps))
+    extra.update(pipelined_readings(last_full[0].times, warmup_steps))
     # The breakdown: the same call with the device synchronized after every step (timing=True).
     t = speculative_generate(target, drafter, ids, max_new_tokens=new_tokens, timing=True, **kw).times
     if len(t.verify) <= warmup_steps:

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from benchmarks import engine as bench
+from benchmarks import wallclock
 
 BASE = ["--shape", "tiny", "--device", "cpu", "--new-tokens", "6", "--warmup-steps", "2", "--repeats", "1"]
 ARMS = [bench.HF_EAGER, bench.HF_COMPILE, bench.OURS_AR, "ours N=1", "ours N=3"]
@@ -177,7 +178,7 @@ def test_wall_clock_step_and_the_oracle_split_of_a_graph_step(monkeypatch):
     from dflash2.evaluation.oracle import DeviceOracleProposer
 
     seen, now = [], [0.0]
-    monkeypatch.setattr(bench, "wall_clock", lambda: now[0])
+    monkeypatch.setattr(wallclock, "wall_clock", lambda: now[0])
 
     def fake(target, drafter, ids, **kw):
         oracle = isinstance(drafter, DeviceOracleProposer)
@@ -240,7 +241,7 @@ def test_gc_pauses_times_each_collection_inside_the_block_only():
     import gc
 
     before = list(gc.callbacks)
-    with bench.gc_pauses() as pauses:
+    with wallclock.gc_pauses() as pauses:
         gc.collect()
         gc.collect(0)
     gc.collect()  # outside: not recorded
