@@ -1,13 +1,19 @@
-"""Distillation throughput on one GPU (issue 8, item 8): samples/s, tokens/s, peak memory.
+"""Distillation throughput on one GPU: optimizer steps/s, samples/s, tokens/s, peak memory.
 
-Setting: Qwen3-8B-shaped target (random bf16 weights), five-layer DFlash2 draft, block 16,
-256 anchors per sample, 550-token samples (one document each, the first 50 tokens prompt),
-bf16 autocast, FlexAttention, the real `Distiller.train_step` (target pass + draft forward,
-chunked head + losses, backward, clip, AdamW). Warm-up steps (compile) are excluded; the
-timed steps end with `torch.cuda.synchronize()`.
+Settings (`--shape`):
+- `qwen3-8b` (default): Qwen3-8B-shaped target (random bf16 weights), five-layer DFlash2 draft,
+  block 16, 256 anchors per sample, 550-token samples;
+- `qwen2.5-0.5b`: the Qwen2.5-Coder-0.5B shape (24 layers, hidden 896, 14 / 2 heads, V = 151936),
+  the ablation's two-layer draft (selector rank 64), 128 anchors, 512-token samples.
+Samples are one document each (the first 50 tokens prompt); bf16 autocast, FlexAttention, the
+real `Distiller.train_step` (target pass + draft forward, chunked head + losses, backward, clip,
+AdamW). Warm-up steps (compile) are excluded; the timed steps end with `torch.cuda.synchronize()`.
+`--profile` runs two more steps under `torch.profiler` and writes the heaviest ops (GPU and host
+time) to `$OUT/bench_distill_profile.txt`: a diagnosis, in no figure.
 
     python -m benchmarks.distill                         # batch sizes 4, 8, 16
     python -m benchmarks.distill --batch-sizes 8 --no-checkpoint-head --grad-ckpt
+    python -m benchmarks.distill --shape qwen2.5-0.5b --batch-sizes 8 --profile
     OUT=/tmp/out python -m benchmarks.distill            # also writes $OUT/bench_distill.md/json
 
 Needs torch (CUDA), transformers, accelerate; not hydra, datasets or wandb.
@@ -34,6 +40,12 @@ from dflash2.training.data import DataSpec, TrainingData
 QWEN3_8B = dict(name="qwen3-8b-random", source="random", tokenizer=None, dtype="bfloat16", hidden_size=4096,
                 intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                 head_dim=128, vocab_size=151936)
+QWEN25_05B = dict(name="qwen2.5-0.5b-random", source="random", tokenizer=None, dtype="bfloat16",
+                  architecture="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                  num_attention_heads=14, num_key_value_heads=2, head_dim=64, vocab_size=151936,
+                  rope_theta=1000000.0, rms_norm_eps=1e-6)
+# shape -> (target, draft layers, selector rank, anchors, sample length)
+SHAPES = {"qwen3-8b": (QWEN3_8B, 5, 256, 256, 550), "qwen2.5-0.5b": (QWEN25_05B, 2, 64, 128, 512)}
 
 
 def samples(n: int, length: int, vocab: int, prompt: int = 50) -> list[dict[str, torch.Tensor]]:
@@ -52,17 +64,19 @@ def bench(target, bs: int, args) -> dict:
 
     from dflash2.training.trainer import Distiller
 
-    steps = args.warmup + args.steps
+    spec, layers, rank, _, _ = SHAPES[args.shape]
+    steps = args.warmup + args.steps + (2 if args.profile else 0)
     cfg = DistillConfig(
-        target=TargetSpec(**QWEN3_8B), draft=DraftSpec(name="dflash2-5l", num_hidden_layers=5, block_size=16,
-                                                       mask_token_id=151669),
+        target=TargetSpec(**spec), draft=DraftSpec(name=f"dflash2-{layers}l", architecture=args.architecture,
+                                                   num_hidden_layers=layers, block_size=16, selector_rank=rank,
+                                                   mask_token_id=151669),
         data=DataSpec(name="synthetic"), logger=LoggerSpec(mode="disabled"),
         hardware=HardwareSpec(device="cuda", mixed_precision="bf16"),
         train=TrainSpec(batch_size=bs, grad_accum=args.grad_accum, max_steps=steps, num_anchors=args.anchors,
                         chunk_anchors=args.chunk_anchors, checkpoint_head=args.checkpoint_head,
                         gradient_checkpointing=args.grad_ckpt, attention=args.attention, progress=False),
         output_dir=str(args.scratch))
-    data = TrainingData(samples(bs * steps, args.length, QWEN3_8B["vocab_size"]), [], [], "bench")
+    data = TrainingData(samples(bs * steps, args.length, spec["vocab_size"]), [], [], "bench")
     acc = Accelerator(mixed_precision="bf16")
     d = Distiller(cfg, target, None, data, args.scratch, accelerator=acc)
     for s in range(args.warmup):
@@ -70,34 +84,57 @@ def bench(target, bs: int, args) -> dict:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    for s in range(args.warmup, steps):
+    for s in range(args.warmup, args.warmup + args.steps):
         parts, _, _ = d.train_step(s)
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    row = {"batch": bs, "grad_accum": args.grad_accum, "samples_per_s": bs * args.steps / dt,
+    row = {"batch": bs, "grad_accum": args.grad_accum, "steps_per_s": args.steps / dt,
+           "samples_per_s": bs * args.steps / dt,
            "tokens_per_s": bs * args.length * args.steps / dt, "query_tokens_per_s": bs * args.anchors * 16 * args.steps / dt,
            "step_s": dt / args.steps, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
            "loss": float(parts[0])}
+    if args.profile:
+        row["profile"] = profile_steps(lambda s: d.train_step(s), range(args.warmup + args.steps, steps))
     del d
     torch.cuda.empty_cache()
     return row
 
 
+def profile_steps(step_fn, steps) -> str:
+    """`torch.profiler` tables (by GPU time, by host time) of `step_fn(s)` over `steps`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for s in steps:
+            step_fn(s)
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    return (events.table(sort_by="cuda_time_total", row_limit=35) + "\n"
+            + events.table(sort_by="self_cpu_time_total", row_limit=25))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch-sizes", default="4,8,16")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    p.add_argument("--batch-sizes", default=None, help="default: 4,8,16 (qwen3-8b), 8 (qwen2.5-0.5b)")
     p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--anchors", type=int, default=256)
-    p.add_argument("--length", type=int, default=550)
+    p.add_argument("--anchors", type=int, default=None, help="default: the shape's (256 / 128)")
+    p.add_argument("--length", type=int, default=None, help="default: the shape's (550 / 512)")
+    p.add_argument("--architecture", default="dflash2", choices=["dflash2", "v1"])
     p.add_argument("--chunk-anchors", type=int, default=64)
     p.add_argument("--checkpoint-head", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--grad-ckpt", action="store_true", help="recompute draft layers in backward")
     p.add_argument("--attention", default="flex", choices=["flex", "dense"])
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--profile", action="store_true", help="profile two more steps (torch.profiler tables)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks.distill needs a CUDA GPU")
+    spec, layers, _, anchors, length = SHAPES[args.shape]
+    args.anchors = args.anchors or anchors
+    args.length = args.length or length
+    args.batch_sizes = args.batch_sizes or ("4,8,16" if args.shape == "qwen3-8b" else "8")
     out = Path(os.environ.get("OUT", "."))
     args.scratch = out / "bench_scratch"
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -107,28 +144,31 @@ def main() -> None:
 
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(random_target_config(TargetSpec(**QWEN3_8B)), dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(random_target_config(TargetSpec(**spec)), dtype=torch.bfloat16)
     target = TargetModel(model.eval()).requires_grad_(False)
-    rows = []
+    rows, profiles = [], []
     for bs in [int(b) for b in args.batch_sizes.split(",")]:
         try:
             rows.append(bench(target, bs, args))
         except torch.OutOfMemoryError:
             rows.append({"batch": bs, "grad_accum": args.grad_accum, "error": "OOM"})
             torch.cuda.empty_cache()
+        if "profile" in rows[-1]:
+            profiles.append(f"## batch {bs}\n{rows[-1].pop('profile')}")
         print(json.dumps(rows[-1]), flush=True)
     gpu = torch.cuda.get_device_name()
-    head = (f"Distillation throughput, {gpu}: Qwen3-8B-shaped target (random bf16), 5-layer DFlash2 draft, "
-            f"block 16, {args.anchors} anchors, {args.length}-token samples, bf16 autocast, attention={args.attention}, "
-            f"checkpoint_head={args.checkpoint_head}, grad_ckpt={args.grad_ckpt}, chunk_anchors={args.chunk_anchors}; "
-            f"{args.warmup} warm-up + {args.steps} timed steps.\n\n"
+    head = (f"Distillation throughput, {gpu}: {spec['name']} target (random bf16), {layers}-layer {args.architecture} "
+            f"draft, block 16, {args.anchors} anchors, {args.length}-token samples, bf16 autocast, "
+            f"attention={args.attention}, checkpoint_head={args.checkpoint_head}, grad_ckpt={args.grad_ckpt}, "
+            f"chunk_anchors={args.chunk_anchors}; {args.warmup} warm-up + {args.steps} timed steps.\n\n"
             f"Command: `python -m benchmarks.distill {' '.join(sys.argv[1:])}`\n\n")
-    table = ["| batch | samples/s | tokens/s | query tokens/s | s/step | peak GiB |", "|---|---|---|---|---|---|"]
+    table = ["| batch | steps/s | samples/s | tokens/s | query tokens/s | s/step | peak GiB |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            table.append(f"| {r['batch']} | {r['error']} | | | | |")
+            table.append(f"| {r['batch']} | {r['error']} | | | | | |")
         else:
-            table.append(f"| {r['batch']} | {r['samples_per_s']:.2f} | {r['tokens_per_s']:.0f} | "
+            table.append(f"| {r['batch']} | {r['steps_per_s']:.2f} | {r['samples_per_s']:.2f} | {r['tokens_per_s']:.0f} | "
                          f"{r['query_tokens_per_s']:.0f} | {r['step_s']:.3f} | {r['peak_mem_gib']:.1f} |")
     md = head + "\n".join(table) + "\n"
     print(md)
@@ -136,6 +176,8 @@ def main() -> None:
     (out / "bench_distill.md").write_text(md)
     (out / "bench_distill.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                         "gpu": gpu, "rows": rows}, indent=2))
+    if profiles:
+        (out / "bench_distill_profile.txt").write_text("\n".join(profiles))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
     python train/distill.py ... output_dir=DIR resume=true                # continue a killed run
     accelerate launch --num_processes 8 train/distill.py experiment=qwen3_8b output_dir=DIR
     python train/distill.py -m ... train.lr=1e-3,3e-3 output_dir=DIR       # grid: DIR/0, DIR/1, ...
+    python train/distill.py experiment=ablation_qwen05b 'arms=[dflash2,conv_only,v1]' output_dir=DIR
+                                            # three arms, one process, the same batches: DIR/<arm>/
 
 Every config value is checked before any work; a refused run writes nothing and exits with
 status 2 after one `error: ...` line (`DFLASH2_DEBUG=1` adds the traceback; see
@@ -35,7 +37,7 @@ def main(cfg) -> None:
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from dflash2.training.run import distill_summary, run_distill
+    from dflash2.training.run import distill_summary, run_distill, run_distill_arms
 
     with config_checks():
         killpoints.arm_from_env()   # the test hook, read once per run (unset: nothing armed)
@@ -44,6 +46,12 @@ def main(cfg) -> None:
         # Interpolations of output_dir (e.g. an experiment's data.regenerated) keep the value given.
         OmegaConf.resolve(cfg)
         cfg.output_dir = hc.runtime.output_dir
+    if cfg.arms:   # several arms in one process, on the same batches (dflash2.training.arms)
+        finals = run_distill_arms(cfg)
+        if is_main_process():
+            for name, final in finals.items():
+                print(f"[{name}] " + distill_summary(final.parent), flush=True)
+        return
     final = run_distill(cfg)
     if is_main_process():
         print(distill_summary(final.parent), flush=True)

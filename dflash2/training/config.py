@@ -128,6 +128,12 @@ def check_distill_config(cfg: "DistillConfig") -> None:
     cfg.train.check()
     _need(cfg.init_from is None or existing_path(cfg.init_from, directory=True),
           f"init_from={cfg.init_from}: no such checkpoint directory")
+    if cfg.arms:
+        from dflash2.training.arms import arm_configs
+
+        for arm in arm_configs(cfg).values():   # each arm's merged config passes the same checks
+            check_shared_specs(arm)
+            arm.train.check()
 
 
 @dataclass
@@ -142,6 +148,7 @@ class DistillConfig:
     resume: bool = False
     init_from: str | None = None          # a v1 or v2 z-lab checkpoint dir to warm-start from
     experiment_name: str | None = None    # set by experiment files, recorded in the export and W&B
+    arms: list[str] = field(default_factory=list)   # ablation_arm presets trained together (training.arms)
 
 
 def register_distill_schema() -> None:

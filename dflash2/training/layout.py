@@ -118,7 +118,7 @@ def build_layout(input_ids: torch.Tensor, loss_mask: torch.Tensor, position_ids:
     return BlockLayout(anchors, anchor_valid, adoc, block_ids, block_pos, idx, label_mask, pred_ids)
 
 
-def _attention_rule(config) -> tuple[bool, int | None]:
+def attention_rule(config) -> tuple[bool, int | None]:
     """The one (causal, window) rule shared by all draft layers; the flattened training layout
     passes a single mask to every layer, so mixed per-layer rules are refused."""
     rules = {(config.layer_is_causal(i), config.layer_window(i)) for i in range(config.num_hidden_layers)}
@@ -130,7 +130,7 @@ def _attention_rule(config) -> tuple[bool, int | None]:
 
 def dense_mask(layout: BlockLayout, doc_ids: torch.Tensor, position_ids: torch.Tensor, config) -> torch.Tensor:
     """Explicit bool mask `[Bt, 1, Q, S + Q]` (True = attend) for the CPU / SDPA path."""
-    causal, window = _attention_rule(config)
+    causal, window = attention_rule(config)
     Bt, A, Bk = layout.block_ids.shape
     S, Q, dev = doc_ids.shape[1], A * Bk, doc_ids.device
     qb = torch.arange(Q, device=dev) // Bk                       # [Q] block of each query
@@ -158,7 +158,7 @@ def flex_block_mask(layout: BlockLayout, doc_ids: torch.Tensor, position_ids: to
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
-    causal, window = _attention_rule(config)
+    causal, window = attention_rule(config)
     Bt, A, Bk = layout.block_ids.shape
     S, Q = doc_ids.shape[1], A * Bk
     pad = torch.full((Bt, Q), -3, dtype=doc_ids.dtype, device=doc_ids.device)

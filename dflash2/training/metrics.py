@@ -54,7 +54,8 @@ def read_metrics(path: str | Path) -> list[dict]:
 class WandbSink:
     """W&B run for `LoggerSpec`; `mode=disabled` makes every call a no-op. Offline runs write
     `DIR/wandb/offline-run-*`; the run id is kept in `DIR/wandb_run_id` so `resume=true`
-    continues the same run."""
+    continues the same run. Several sinks may be open in one process (the arms of
+    `dflash2.training.arms`), each its own run."""
 
     def __init__(self, spec, out_dir: Path, config: dict, name: str | None):
         self.run = None
@@ -69,7 +70,7 @@ class WandbSink:
         id_file.write_text(run_id)
         self.run = wandb.init(project=spec.project, entity=spec.entity, name=spec.name or name, group=spec.group,
                               tags=list(spec.tags), mode=spec.mode, dir=str(out_dir), config=config,
-                              id=run_id, resume="allow")
+                              id=run_id, resume="allow", reinit="create_new")   # arms: one run each
 
     def log(self, row: dict, step: int) -> None:
         if self.run is not None:

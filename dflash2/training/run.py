@@ -9,6 +9,9 @@
                  then pack (dflash2.training.data)
     train        Distiller.fit(): checkpoints, metrics.jsonl, W&B, eval, DIR/final/
     summary      `distill_summary(DIR)`: the lines `train/distill.py` prints at the end
+
+With `arms=[a, b, ...]` (`run_distill_arms`), one process trains every arm on the same batches
+(`dflash2.training.arms`): one target, one data set, arm `a` in `output_dir/a/`.
 """
 
 from __future__ import annotations
@@ -58,6 +61,47 @@ def run_distill(cfg) -> Path:
         acc.wait_for_everyone()
     data = build_training_data(source, tokenizer, cfg.data)
     return Distiller(cfg, target, tokenizer, data, out, accelerator=acc).fit()
+
+
+def run_distill_arms(cfg) -> dict[str, Path]:
+    """Run the arms of a config with non-empty `arms` in one process; returns `{arm: DIR/arm/final}`.
+
+    Every arm's config is checked and every arm directory passes the output-directory rule
+    before anything is written; data regenerated here go to `output_dir/data/`."""
+    from accelerate import Accelerator
+
+    from dflash2.entrypoint import write_run_config
+    from dflash2.runconfig import check_output_dir, load_target, prepare_output_dir, resolve_device
+    from dflash2.training.arms import ArmGroup, arm_configs
+    from dflash2.training.data import build_training_data
+    from dflash2.training.regenerate import regenerate
+    from dflash2.training.trainer import Distiller
+
+    cfg = checked_config(cfg)
+    arms = arm_configs(cfg)
+    outs = {name: check_output_dir(a.output_dir, cfg.resume, job_name="distill") for name, a in arms.items()}
+    device = resolve_device(cfg.hardware)
+    mp = cfg.hardware.mixed_precision if device.type == "cuda" else "no"
+    acc = Accelerator(cpu=device.type == "cpu", mixed_precision=mp)
+    if acc.is_main_process:
+        for name, a in arms.items():
+            prepare_output_dir(outs[name], cfg.resume, job_name="distill")
+            write_run_config(outs[name], a)
+    acc.wait_for_everyone()
+    target, tokenizer = load_target(cfg.target, acc.device)
+    source = cfg.data.regenerated
+    if source is None:
+        source = Path(cfg.output_dir) / "data" / "regenerated.jsonl"
+        if acc.is_main_process:
+            with torch.no_grad():
+                regenerate(target, tokenizer, cfg.data, source, progress=cfg.train.progress,
+                           target_name=cfg.target.name)
+        acc.wait_for_everyone()
+    data = build_training_data(source, tokenizer, cfg.data)
+    group = ArmGroup.build({name: (lambda a=a, name=name: Distiller(a, target, tokenizer, data, outs[name],
+                                                                    accelerator=acc))
+                            for name, a in arms.items()})
+    return group.fit(progress=cfg.train.progress)
 
 
 def distill_summary(out_dir: str | Path) -> str:

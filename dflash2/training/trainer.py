@@ -28,14 +28,15 @@ import copy
 import math
 import resource
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
 from dflash2.entrypoint import UserError
 from dflash2.training.data import TrainingData, collate
-from dflash2.training.layout import anchor_seed, build_layout, dense_mask, flex_block_mask, sample_anchors
+from dflash2.training.distributed import distributed_mode, fsdp_no_sync, shard_objective
+from dflash2.training.layout import (anchor_seed, attention_rule, build_layout, dense_mask, flex_block_mask,
+                                     sample_anchors)
 from dflash2.training.losses import DistillObjective, summarize_stats
 from dflash2.training.metrics import MetricsJsonl, WandbSink, console_postfix
 from dflash2.training.target_cache import TargetPassCache
@@ -117,70 +118,6 @@ def target_pass(target, batch: dict[str, torch.Tensor], layer_ids: list[int], *,
     return res
 
 
-def distributed_mode(hardware, accelerator) -> str:
-    """`single`, `ddp` or `fsdp` for this launch.
-
-    `hardware.distributed=auto` follows `accelerate launch` (FSDP when its config says FSDP, which
-    it signals with ACCELERATE_USE_FSDP=true: accelerate itself has no FSDP mode on CPU, the trainer
-    does); `fsdp` shards even under a plain multi-process launch; `ddp` refuses an FSDP launch
-    config rather than silently ignoring one of them.
-    """
-    import os
-
-    from accelerate.utils import DistributedType
-
-    want = getattr(hardware, "distributed", "auto")
-    if want not in ("auto", "ddp", "fsdp"):
-        raise ValueError(f"hardware.distributed={want!r}: use auto, ddp or fsdp")
-    launched_fsdp = (accelerator.distributed_type == DistributedType.FSDP
-                     or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true")
-    if want == "ddp" and launched_fsdp:
-        raise ValueError("hardware.distributed=ddp, but accelerate was launched with an FSDP config: "
-                         "drop one of them (e.g. use configs/accelerate/ddp_2gpu.yaml)")
-    if accelerator.num_processes == 1:
-        if want == "fsdp":
-            warnings.warn("hardware.distributed=fsdp with one process: nothing to shard, training unsharded",
-                          stacklevel=2)
-        return "single"
-    return "fsdp" if want == "fsdp" or launched_fsdp else "ddp"
-
-
-def shard_objective(objective, device: torch.device, accelerator) -> bool:
-    """FSDP2 in place: one `fully_shard` unit per draft decoder layer, then the objective as root
-    (fc, norms, selector codebooks). Options from an accelerate FSDP config: `reshard_after_forward`
-    (bool) and `activation_checkpointing`; CPU offload is refused. Returns whether the accelerate
-    config asked for activation checkpointing.
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    plugin = getattr(accelerator.state, "fsdp_plugin", None)
-    reshard, act_ckpt = True, False
-    if plugin is not None:
-        offload = getattr(plugin, "cpu_offload", None)
-        if getattr(offload, "offload_params", False) or type(offload).__name__ == "CPUOffloadPolicy":
-            raise ValueError("the accelerate FSDP config asks for CPU offload (fsdp_offload_params: true), which "
-                             "the distillation trainer does not support: set it to false")
-        if isinstance(getattr(plugin, "reshard_after_forward", None), bool):
-            reshard = plugin.reshard_after_forward
-        act_ckpt = bool(getattr(plugin, "activation_checkpointing", False))
-    mesh = init_device_mesh(device.type, (accelerator.num_processes,))
-    for layer in objective.draft.layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(objective, mesh=mesh)
-    return act_ckpt
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(model):
-    """Accumulate unreduced gradients over micro-batches (FSDP2's `no_sync`)."""
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
-
-
 class Distiller:
     """One distillation run. `fit()` trains, checkpoints, evaluates and exports `DIR/final/`.
 
@@ -260,8 +197,11 @@ class Distiller:
         params = [p for p in (objective if self.fsdp else self.draft).parameters() if p.requires_grad]
         names = {id(p): n for n, p in objective.named_parameters()}
         self.param_names = [names[id(p)] for p in params]          # optimizer index -> "draft.<fqn>"
+        # CUDA: the fused AdamW (one launch per step; its rounding may differ from the foreach
+        # update in the last bit). CPU keeps the default implementation.
         opt = torch.optim.AdamW(params, lr=self.tc.lr, betas=tuple(self.tc.adam_betas),
-                                weight_decay=self.tc.weight_decay)
+                                weight_decay=self.tc.weight_decay,
+                                fused=True if self.device.type == "cuda" and not self.fsdp else None)
         self.scheduler = cosine_with_warmup(opt, int(self.tc.warmup_ratio * self.total_steps), self.total_steps,
                                             self.tc.min_lr_ratio)
         if self.fsdp:
@@ -282,6 +222,7 @@ class Distiller:
             self.scheduler.load_state_dict(resume_state["scheduler"])
             st.set_rng_state(resume_state["rng"])
         self.params = params
+        self._unchecked: list[tuple[int, torch.Tensor]] = []   # (step, [loss parts, grad norm]) not yet read
         self.attention = self.tc.attention if self.tc.attention != "auto" else (
             "flex" if self.device.type == "cuda" else "dense")
         if self.attention == "flex" and self.device.type != "cuda":
@@ -319,8 +260,8 @@ class Distiller:
                                               torch.Generator().manual_seed(anchor_seed(self.tc.seed, e, i)))
                                for s, (e, i) in zip(samples, keys)))
         batch = pad_to_multiple(collate(samples), self.pad_to)
-        batch = {k: v.to(self.device) for k, v in batch.items()}
-        anchors, valid = torch.stack(anchors).to(self.device), torch.stack(valid).to(self.device)
+        batch = {k: self._to_device(v) for k, v in batch.items()}
+        anchors, valid = self._to_device(torch.stack(anchors)), self._to_device(torch.stack(valid))
         lay = build_layout(batch["input_ids"], batch["loss_mask"], batch["position_ids"], batch["doc_ids"],
                            anchors, valid, self.block, self.draft.config.mask_token_id)
         if self.target_cache is not None:
@@ -341,6 +282,13 @@ class Distiller:
                "_tokens": int(sum(int(s["input_ids"].numel()) for s in samples))}
         return out, mask
 
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """Host tensor to the device; on CUDA through pinned memory without blocking the host, so
+        the next step's batch is prepared while the device still runs this one."""
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         return self.target.head(h.to(self.target.dtype) if not torch.is_autocast_enabled(h.device.type) else h)
 
@@ -349,43 +297,72 @@ class Distiller:
         return e if self.acc.mixed_precision != "no" else e.float()
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Forward/backward over this rank's micro-batches, clip, optimizer and scheduler step.
-        Returns `(parts summed over micro-batches, grad norm, tokens)`; raises on NaN/inf."""
+    def step_batches(self, step: int) -> list[tuple[dict, object, int]]:
+        """This rank's micro-batches of optimizer step `step`: `(device batch, attention mask,
+        tokens)` each (`make_batch`). A function of (seed, step) and the data alone, so arms
+        with the same `batch_key` can share them (`dflash2.training.arms`)."""
         epoch, idx = self._rank_indices(step)
+        out = []
+        for j in range(0, len(idx), self.micro):
+            mb = idx[j:j + self.micro]
+            batch, mask = self.make_batch([self.data.train[i] for i in mb], [(epoch, i) for i in mb])
+            out.append((batch, mask, batch.pop("_tokens")))
+        return out
+
+    def batch_key(self) -> tuple:
+        """Everything `step_batches` depends on besides the data: equal keys, equal batches."""
+        cfg = self.draft.config
+        return (self.tc.seed, self.tc.batch_size, self.tc.grad_accum, self.tc.num_anchors, self.tc.epochs,
+                self.tc.loss, self.block, int(cfg.mask_token_id), tuple(self.layer_ids), self.pad_to,
+                self.attention, self.acc.mixed_precision, attention_rule(cfg), self.tc.cache_target)
+
+    def train_step(self, step: int, batches: list[tuple[dict, object, int]] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Forward/backward over this rank's micro-batches (`batches`, else `step_batches(step)`),
+        clip, optimizer and scheduler step. Returns `(parts summed over micro-batches, grad
+        norm, tokens)` as device tensors, with no host sync: a NaN/inf is raised by
+        `check_finite` at the next log, checkpoint, evaluation or the end, before anything
+        computed after it is written."""
+        batches = self.step_batches(step) if batches is None else batches
         self.model.train()
         parts, tokens = None, 0
-        chunks = [idx[j:j + self.micro] for j in range(0, len(idx), self.micro)]
-        for j, mb in enumerate(chunks):
-            batch, mask = self.make_batch([self.data.train[i] for i in mb], [(epoch, i) for i in mb])
-            tokens += batch.pop("_tokens")
-            sync = (contextlib.nullcontext() if j == len(chunks) - 1 else
-                    _fsdp_no_sync(self.model) if self.fsdp else self.acc.no_sync(self.model))
+        for j, (batch, mask, n_tokens) in enumerate(batches):
+            tokens += n_tokens
+            sync = (contextlib.nullcontext() if j == len(batches) - 1 else
+                    fsdp_no_sync(self.model) if self.fsdp else self.acc.no_sync(self.model))
             with sync:
                 with self.acc.autocast():
                     loss, p = self.model(batch, mask, self._embed, self._head)
-                self.acc.backward(loss / len(chunks))
+                self.acc.backward(loss / len(batches))
             parts = p if parts is None else parts + p
         if self.fsdp:   # DTensor-aware in torch; the norm comes back as a replicated DTensor
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.tc.grad_clip)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         else:
             grad_norm = self.acc.clip_grad_norm_(self.params, self.tc.grad_clip)
-        self._check_finite(step + 1, parts, grad_norm)
+        grad_norm = grad_norm.detach().float()
+        self._unchecked.append((step + 1, torch.cat([parts[:3].float(), grad_norm.reshape(1)])))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return parts, grad_norm.detach().float(), tokens
+        return parts, grad_norm, tokens
 
-    def _check_finite(self, step: int, parts: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        vals = torch.cat([parts[:3].float(), grad_norm.detach().float().reshape(1)]).cpu()   # one host sync
-        for name, v in zip(("total", "unary", "selector", "gradient norm"), vals.tolist()[:4]):
-            if name != "total" and not math.isfinite(v):
-                last = st.latest_checkpoint(self.out_dir)
-                raise TrainingDivergedError(
-                    f"non-finite {name} ({v}) at step {step}: training stopped before the optimizer step; "
-                    f"last good checkpoint: {last or 'none yet'} (nothing was written after it). "
-                    "Lower train.lr, check the data, or resume from that checkpoint.")
+    def check_finite(self) -> None:
+        """Raise `TrainingDivergedError` for the first step since the last check whose loss parts
+        or gradient norm were NaN/inf (one host sync for all of them)."""
+        if not self._unchecked:
+            return
+        steps = [s for s, _ in self._unchecked]
+        vals = torch.stack([v for _, v in self._unchecked]).cpu().tolist()
+        self._unchecked = []
+        for step, row in zip(steps, vals):
+            for name, v in zip(("total", "unary", "selector", "gradient norm"), row):
+                if name != "total" and not math.isfinite(v):
+                    last = st.latest_checkpoint(self.out_dir)
+                    raise TrainingDivergedError(
+                        f"non-finite {name} ({v}) at step {step}: training stopped; last good checkpoint: "
+                        f"{last or 'none yet'} (nothing computed at or after step {step} was written). "
+                        "Lower train.lr, check the data, or resume from that checkpoint.")
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
@@ -447,64 +424,88 @@ class Distiller:
     # ------------------------------------------------------------------ loop
     def fit(self) -> Path:
         """Train from `start_step` to `total_steps`; returns `DIR/final/`."""
-        from tqdm.auto import tqdm
+        self.open_run(progress=self.tc.progress)
+        try:
+            for step in range(self.start_step, self.total_steps):
+                lr = self.scheduler.get_last_lr()[0]
+                self.after_step(step, lr, *self.train_step(step))
+            return self.finish_run()
+        finally:
+            self.close_run()
 
-        from dflash2.training.export import export_final
+    def open_run(self, *, progress: bool) -> None:
+        """The run's sinks (metrics.jsonl, W&B) and, with `progress`, its progress bar."""
+        from tqdm.auto import tqdm
 
         main = self.acc.is_main_process
         tc = self.tc
         if main and self.world > 1:
             print(f"[distill] {self.world} processes, {self.mode}: {self.micro} samples x {tc.grad_accum} "
                   f"micro-batches per process = global batch {tc.batch_size}", flush=True)
-        sink = jsonl = None
+        self._sink = self._jsonl = None
         if main:
-            jsonl = MetricsJsonl(self.out_dir / "metrics.jsonl", self.start_step if self.cfg.resume else None)
-            sink = WandbSink(self.cfg.logger, self.out_dir, _plain(self.cfg), self.cfg.experiment_name)
-        bar = tqdm(total=self.total_steps, initial=self.start_step, disable=not (main and tc.progress),
-                   desc="distill", dynamic_ncols=True)
-        window, win_steps, win_tokens, t0 = None, 0, 0, time.perf_counter()
+            self._jsonl = MetricsJsonl(self.out_dir / "metrics.jsonl", self.start_step if self.cfg.resume else None)
+            self._sink = WandbSink(self.cfg.logger, self.out_dir, _plain(self.cfg), self.cfg.experiment_name)
+        self._bar = tqdm(total=self.total_steps, initial=self.start_step, disable=not (main and progress),
+                         desc="distill", dynamic_ncols=True)
+        self._window, self._win_steps, self._win_tokens, self._t0 = None, 0, 0, time.perf_counter()
+        self.last_row: dict | None = None   # the latest logged training row
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        try:
-            for step in range(self.start_step, self.total_steps):
-                lr = self.scheduler.get_last_lr()[0]
-                parts, gnorm, tokens = self.train_step(step)
-                window = parts if window is None else window + parts
-                win_steps, win_tokens = win_steps + 1, win_tokens + tokens
-                done = step + 1
-                if done % tc.log_every == 0 or done == self.total_steps:
-                    summed = self.acc.reduce(window.to(self.device), reduction="sum")
-                    tok = int(self.acc.reduce(torch.tensor([win_tokens], device=self.device), reduction="sum").item())
-                    dt = time.perf_counter() - t0
-                    row = {"step": done, "epoch": step // self.steps_per_epoch, "lr": lr,
-                           **summarize_stats(summed, self.block, n_micro=win_steps * self.world * tc.grad_accum),
-                           "grad_norm": float(gnorm), "samples_per_s": win_steps * tc.batch_size / dt,
-                           "tokens_per_s": tok / dt, "peak_mem_gb": _peak_mem_gb(self.device)}
-                    if main:
-                        jsonl.write(row)
-                        sink.log(row, done)
-                        bar.set_postfix(console_postfix(row))
-                    window, win_steps, win_tokens, t0 = None, 0, 0, time.perf_counter()
-                bar.update(1)
-                if tc.eval_every and done % tc.eval_every == 0 and done != self.total_steps:
-                    self._eval_and_log(done, main, jsonl, sink)
-                if done % tc.checkpoint_every == 0 and done != self.total_steps:
-                    self.save_checkpoint(done)
-            final = self.out_dir / "final"
-            self.save_checkpoint(self.total_steps)
-            draft = self._full_draft()   # FSDP: gathered at the save above, no new collective
+
+    def after_step(self, step: int, lr: float, parts: torch.Tensor, gnorm: torch.Tensor, tokens: int) -> None:
+        """Bookkeeping of optimizer step `step` (0-based) taken at learning rate `lr`: the
+        logged row every `log_every` steps, evaluation and checkpoints on their schedules."""
+        tc, main = self.tc, self.acc.is_main_process
+        self._window = parts if self._window is None else self._window + parts
+        self._win_steps, self._win_tokens = self._win_steps + 1, self._win_tokens + tokens
+        done = step + 1
+        if done % tc.log_every == 0 or done == self.total_steps:
+            self.check_finite()
+            summed = self.acc.reduce(self._window.to(self.device), reduction="sum")
+            tok = int(self.acc.reduce(torch.tensor([self._win_tokens], device=self.device), reduction="sum").item())
+            dt = time.perf_counter() - self._t0
+            row = {"step": done, "epoch": step // self.steps_per_epoch, "lr": lr,
+                   **summarize_stats(summed, self.block, n_micro=self._win_steps * self.world * tc.grad_accum),
+                   "grad_norm": float(gnorm), "steps_per_s": self._win_steps / dt,
+                   "samples_per_s": self._win_steps * tc.batch_size / dt,
+                   "tokens_per_s": tok / dt, "peak_mem_gb": _peak_mem_gb(self.device)}
+            self.last_row = row
             if main:
-                dtype = getattr(torch, tc.export_dtype) if tc.export_dtype else self.target.dtype
-                export_final(draft, final, self._export_info(), dtype=dtype)
-            self.acc.wait_for_everyone()
-            # The held-out evaluation comes after the export: a run killed while evaluating (a
-            # time limit on a shared machine) still leaves its final checkpoint.
-            self._eval_and_log(self.total_steps, main, jsonl, sink)
-            return final
-        finally:
-            bar.close()
-            if sink is not None:
-                sink.finish()
+                self._jsonl.write(row)
+                self._sink.log(row, done)
+                self._bar.set_postfix(console_postfix(row))
+            self._window, self._win_steps, self._win_tokens, self._t0 = None, 0, 0, time.perf_counter()
+        self._bar.update(1)
+        if tc.eval_every and done % tc.eval_every == 0 and done != self.total_steps:
+            self.check_finite()
+            self._eval_and_log(done, main, self._jsonl, self._sink)
+        if done % tc.checkpoint_every == 0 and done != self.total_steps:
+            self.check_finite()
+            self.save_checkpoint(done)
+
+    def finish_run(self) -> Path:
+        """The last checkpoint, the export `DIR/final/`, then the held-out evaluation."""
+        from dflash2.training.export import export_final
+
+        self.check_finite()
+        main = self.acc.is_main_process
+        final = self.out_dir / "final"
+        self.save_checkpoint(self.total_steps)
+        draft = self._full_draft()   # FSDP: gathered at the save above, no new collective
+        if main:
+            dtype = getattr(torch, self.tc.export_dtype) if self.tc.export_dtype else self.target.dtype
+            export_final(draft, final, self._export_info(), dtype=dtype)
+        self.acc.wait_for_everyone()
+        # The held-out evaluation comes after the export: a run killed while evaluating (a
+        # time limit on a shared machine) still leaves its final checkpoint.
+        self._eval_and_log(self.total_steps, main, self._jsonl, self._sink)
+        return final
+
+    def close_run(self) -> None:
+        self._bar.close()
+        if self._sink is not None:
+            self._sink.finish()
 
     def _eval_and_log(self, step: int, main: bool, jsonl, sink) -> None:
         full = self._full_draft() if self.fsdp else None    # collective: every process gathers

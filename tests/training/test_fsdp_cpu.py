@@ -83,7 +83,7 @@ def test_distributed_mode(monkeypatch, want, launched, world, mode):
     from accelerate.utils import DistributedType
 
     from dflash2.runconfig import HardwareSpec
-    from dflash2.training.trainer import distributed_mode
+    from dflash2.training.distributed import distributed_mode
 
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
     if launched:
@@ -103,7 +103,7 @@ def test_distributed_mode_refuses_conflicts(monkeypatch):
     from accelerate.utils import DistributedType
 
     from dflash2.runconfig import HardwareSpec
-    from dflash2.training.trainer import distributed_mode
+    from dflash2.training.distributed import distributed_mode
 
     acc = SimpleNamespace(distributed_type=DistributedType.FSDP, num_processes=2)
     with pytest.raises(ValueError, match="hardware.distributed=ddp, but accelerate was launched with an FSDP"):
