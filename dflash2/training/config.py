@@ -46,7 +46,8 @@ class TrainSpec:
     freeze: str = "none"                  # none | backbone (train only conv + selector)
     # Memory / speed.
     chunk_anchors: int = 64
-    checkpoint_head: bool = True
+    checkpoint_head: bool = True          # autograd head loss only
+    head_loss: str = "auto"               # auto | fused | autograd (dflash2.training.losses)
     gradient_checkpointing: bool = False
     attention: str = "auto"               # auto (flex on CUDA, dense on CPU) | flex | dense
     pad_to: int = 0                       # pad S to a multiple (0: 256 on CUDA, 1 on CPU)
@@ -65,7 +66,8 @@ class TrainSpec:
     def objective(self) -> ObjectiveSpec:
         return ObjectiveSpec(loss=self.loss, gamma=self.gamma, selector_alpha=self.selector_alpha,
                              selector_stop_grad=self.selector_stop_grad, predecessor=self.predecessor,
-                             chunk_anchors=self.chunk_anchors, checkpoint_head=self.checkpoint_head)
+                             chunk_anchors=self.chunk_anchors, checkpoint_head=self.checkpoint_head,
+                             head_loss=self.head_loss)
 
     def check(self) -> None:
         """Raise `ValueError` naming the first `train.*` field out of range (types are Hydra's)."""

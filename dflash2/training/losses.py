@@ -19,9 +19,17 @@ Decisions (spec 11), stated once here:
 - `teacher_forced_selector_acc` counts the selector's pick over the ORIGINAL top-k (no
   injection) against all valid slots, so it is bounded by recall@K.
 
-The LM head dominates memory ([slots, V] fp32 logits), so the head and both losses run over
-chunks of anchors; with `checkpoint_head` each chunk's logits are recomputed in backward
-instead of kept.
+The LM head dominates memory and time ([slots, V] fp32 logits), so the head and both losses run
+over chunks of anchors. Two implementations of the head's CE (`head_loss`, chosen once):
+- `autograd` (the reference): logits in the autograd graph; with `checkpoint_head` each chunk's
+  logits are recomputed in backward instead of kept;
+- `fused` (the default where it applies: CE on a plain head, no multiplier or softcap): the
+  frozen head's CE gradient is computed in the forward pass, `coef * (softmax - onehot)` in fp32
+  in place over the chunk's logits, then one GEMM with the head weight; no logits are kept or
+  recomputed. The selector reads the same logit values at its candidates, its gradient entering
+  through `h . W[cand]` (a straight-through term of value zero). The loss values equal the
+  reference's up to rounding of the fp32 reductions; the gradients differ only in where the
+  CE and selector parts are summed before the bf16 GEMM (tests/training/test_losses.py).
 """
 
 from __future__ import annotations
@@ -58,7 +66,8 @@ class ObjectiveSpec:
     selector_stop_grad: bool = False
     predecessor: str = "data"        # data | self
     chunk_anchors: int = 64          # anchors per head/loss chunk
-    checkpoint_head: bool = True     # recompute each chunk's logits in backward
+    checkpoint_head: bool = True     # autograd head: recompute each chunk's logits in backward
+    head_loss: str = "auto"          # auto | fused | autograd (see the module docstring)
 
     def check(self) -> None:
         if self.loss not in ("ce", "kl"):
@@ -69,6 +78,10 @@ class ObjectiveSpec:
             raise ValueError(f"train.gamma={self.gamma}: use a positive decay (7 for block 16) or null")
         if self.chunk_anchors < 1:
             raise ValueError(f"train.chunk_anchors={self.chunk_anchors}: use >= 1")
+        if self.head_loss not in ("auto", "fused", "autograd"):
+            raise ValueError(f"train.head_loss={self.head_loss!r}: use auto, fused or autograd")
+        if self.head_loss == "fused" and self.loss != "ce":
+            raise ValueError("train.head_loss=fused computes the CE gradient; with train.loss=kl use auto or autograd")
 
 
 def stat_names(block_size: int) -> list[str]:
@@ -99,8 +112,15 @@ class DistillObjective(nn.Module):
             raise ValueError("train.predecessor=self needs a DFlash2 draft (v1 has no selector)")
         gamma = spec.gamma or default_gamma(draft.block_size)
         self.register_buffer("weights", position_weights(draft.block_size, gamma), persistent=False)
+        cfg = draft.config
+        plain_head = cfg.output_multiplier == 1.0 and not cfg.final_logit_softcapping > 0
+        if spec.head_loss == "fused" and not plain_head:
+            raise ValueError("train.head_loss=fused needs a plain head (no output multiplier or logit softcap)")
+        self.fused_head = spec.head_loss == "fused" or (spec.head_loss == "auto" and spec.loss == "ce" and plain_head)
+        self._ce_grad = ce_and_logits_grad          # compiled on the first CUDA call (`_chunk`)
 
-    def forward(self, batch: dict[str, torch.Tensor], mask, embed, head) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: dict[str, torch.Tensor], mask, embed, head, head_weight=None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss of one micro-batch.
 
         Args:
@@ -110,6 +130,8 @@ class DistillObjective(nn.Module):
                 `anchor_valid [Bt, A]`.
             mask: dense bool mask `[Bt, 1, Q, S+Q]` or a FlexAttention `BlockMask`.
             embed, head: the target's frozen input embedding and LM head callables.
+            head_weight: the head's `[V, H]` weight (`head(h) == h @ head_weight.T`), needed by the
+                fused head loss.
         Returns:
             `(loss scalar, parts [3 + len(stat_names)])`: detached `[loss, unary, selector]` then stats.
         """
@@ -141,8 +163,8 @@ class DistillObjective(nn.Module):
                 teacher_h = teacher_h.view(*prev_idx[:, sl].shape, -1)
             args = (h[:, sl], y[:, sl], pred[:, sl], coef[:, sl], m[:, sl], anchor_tok[:, sl],
                     batch["anchor_valid"][:, sl], teacher_h)
-            fn = lambda *a: self._chunk(head, *a)  # noqa: E731
-            if sp.checkpoint_head and torch.is_grad_enabled():
+            fn = lambda *a: self._chunk(head, head_weight, *a)  # noqa: E731
+            if sp.checkpoint_head and torch.is_grad_enabled() and not self.fused_head:
                 u, s, st = checkpoint(fn, *args, use_reentrant=False)
             else:
                 u, s, st = fn(*args)
@@ -153,25 +175,39 @@ class DistillObjective(nn.Module):
         return loss, parts
 
     # ------------------------------------------------------------------ one chunk of anchors
-    def _chunk(self, head, h, y, pred, coef, m, anchor_tok, anchor_valid, teacher_h):
+    def _chunk(self, head, head_weight, h, y, pred, coef, m, anchor_tok, anchor_valid, teacher_h):
         """Losses and stats of `c` anchors. Shapes: `h [Bt, c, n, H]`, `y, pred, coef, m [Bt, c, n]`,
         `anchor_tok, anchor_valid [Bt, c]`, `teacher_h [Bt, c, n, H]` or None (n = Bk - 1)."""
         d, sp = self.draft, self.spec
         shape = y.shape                                                      # [Bt, c, n]
         h, y, pred, coef, m = h.reshape(-1, h.shape[-1]), y.reshape(-1), pred.reshape(-1), coef.reshape(-1), m.reshape(-1)
-        logits = draft_logits(d, h, head)                                    # [N, V] fp32 (2-D: one GEMM)
-        mass = torch.zeros((), device=h.device, dtype=torch.float64)
-        if sp.loss == "ce":
-            ul = F.cross_entropy(logits, y, reduction="none")
-        else:
-            with torch.no_grad():
-                logp_t = F.log_softmax(head(teacher_h.reshape(-1, teacher_h.shape[-1])).float(), dim=-1)
-            ul = (logp_t.exp() * (logp_t - F.log_softmax(logits, dim=-1))).sum(-1)
-        unary = (coef * ul).sum()
-
         sel = d.candidate_selector
-        k = min(d.config.selector_top_k, logits.shape[-1])
-        topv, topi = logits.detach().topk(k, dim=-1)                         # [N, k] sorted
+        mass = torch.zeros((), device=h.device, dtype=torch.float64)
+        if self.fused_head:
+            if h.device.type == "cuda" and self._ce_grad is ce_and_logits_grad:
+                self._ce_grad = torch.compile(ce_and_logits_grad, dynamic=False)
+            with torch.no_grad():
+                z = head(h)                                                  # [N, V], the head's dtype
+                k = min(d.config.selector_top_k, z.shape[-1])
+                topv, topi = grouped_topk(z, k)                              # [N, k] sorted
+                topv = topv.float()
+                cand = torch.cat([topi, y[..., None]], dim=-1)               # [N, k+1]: top-k plus y
+                z_cand = z.gather(-1, cand).float()
+                value, grad_z = self._ce_grad(z, y, coef)                    # grad_z [N, V] in z's dtype
+                grad_h = (grad_z.to(head_weight.dtype) @ head_weight).to(h.dtype)
+                del grad_z
+            unary = _ValueWithGrad.apply(h, value, grad_h)
+        else:
+            logits = draft_logits(d, h, head)                                # [N, V] fp32 (2-D: one GEMM)
+            if sp.loss == "ce":
+                ul = F.cross_entropy(logits, y, reduction="none")
+            else:
+                with torch.no_grad():
+                    logp_t = F.log_softmax(head(teacher_h.reshape(-1, teacher_h.shape[-1])).float(), dim=-1)
+                ul = (logp_t.exp() * (logp_t - F.log_softmax(logits, dim=-1))).sum(-1)
+            unary = (coef * ul).sum()
+            k = min(d.config.selector_top_k, logits.shape[-1])
+            topv, topi = logits.detach().topk(k, dim=-1)                     # [N, k] sorted
         in_top = topi == y[..., None]
         hit = in_top.any(-1)
         if sp.loss == "kl":
@@ -182,7 +218,6 @@ class DistillObjective(nn.Module):
         tf_hits = torch.zeros((), device=h.device)
         path_ok = torch.zeros_like(mb)
         if sel is not None:
-            U = logits.detach() if sp.selector_stop_grad else logits
             hs = h.detach() if sp.selector_stop_grad else h
             eta = sel.gate(hs)                                               # [N, R]
             with torch.no_grad():
@@ -191,9 +226,12 @@ class DistillObjective(nn.Module):
             path_ok = picks == y
             if sp.predecessor == "self":
                 pred = torch.cat([anchor_tok[..., None], picks.view(shape)[..., :-1]], dim=-1).reshape(-1)
-            cand = torch.cat([topi, y[..., None]], dim=-1)                   # [.., k+1]: top-k plus y
-            s_ext = U.gather(-1, cand) + transition_scores(pred, eta, cand, sel.predecessor_codebook,
-                                                           sel.successor_codebook)
+            if self.fused_head:   # the logits at the candidates; gradient through h . W[cand]
+                u_cand = z_cand if sp.selector_stop_grad else z_cand + _zero_with_grad(h, head_weight, cand)
+            else:
+                cand = torch.cat([topi, y[..., None]], dim=-1)               # [.., k+1]: top-k plus y
+                u_cand = (logits.detach() if sp.selector_stop_grad else logits).gather(-1, cand)
+            s_ext = u_cand + transition_scores(pred, eta, cand, sel.predecessor_codebook, sel.successor_codebook)
             s_orig = s_ext[..., :k]
             s_inj = torch.where(hit[..., None], s_orig, torch.cat([s_orig[..., :k - 1], s_ext[..., k:]], -1))
             label = torch.where(hit, in_top.to(torch.int64).argmax(-1), torch.full_like(y, k - 1))
@@ -226,6 +264,62 @@ class DistillObjective(nn.Module):
             prev = topi[:, :, j].gather(-1, s.argmax(-1, keepdim=True)).squeeze(-1)
             picks.append(prev)
         return torch.stack(picks, dim=-1)
+
+
+def ce_and_logits_grad(z: torch.Tensor, y: torch.Tensor, coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sum_i coef_i * CE(z_i, y_i)` and its gradient with respect to the logits, in fp32 math.
+
+    Args:
+        z: logits `[N, V]` (bf16 or fp32); y: labels `[N]`; coef: `[N]` fp32 weights.
+    Returns:
+        `(loss scalar fp32, grad [N, V] in z's dtype)`: `coef * (softmax(z) - onehot(y))`, what
+        autograd gives through `z.float()` before its cast back. Pure tensor code: compiled on
+        CUDA (`DistillObjective._ce_grad`: one pass for the row statistics, one for the gradient).
+    """
+    zf = z.float()
+    lse = torch.logsumexp(zf, dim=-1)                                        # [N]
+    loss = (coef * (lse - zf.gather(-1, y[:, None]).squeeze(-1))).sum()
+    onehot = torch.arange(z.shape[-1], device=z.device)[None, :] == y[:, None]
+    grad = (torch.exp(zf - lse[:, None]) - onehot.float()) * coef[:, None]
+    return loss, grad.to(z.dtype)
+
+
+def grouped_topk(z: torch.Tensor, k: int, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.topk(z, k)` (sorted, largest) over the last dim of `z [N, V]`, in two small steps
+    when `V` is a multiple of `group` with at least `k` groups: the top-k groups by their
+    maximum hold every top-k element (each of the k largest values lies in a group whose
+    maximum is at least the k-th largest, and at most k groups have one), then the top-k of
+    those groups' `k * group` values. The same values as `torch.topk`; among exactly tied
+    values the indices may differ (torch.topk leaves that order unspecified too)."""
+    N, V = z.shape
+    if V % group or V // group < k:
+        return z.topk(k, dim=-1)
+    zg = z.view(N, V // group, group)
+    top_groups = zg.amax(-1).topk(k, dim=-1).indices                        # [N, k]
+    cand = zg.gather(1, top_groups[:, :, None].expand(-1, -1, group)).view(N, k * group)
+    vals, j = cand.topk(k, dim=-1)
+    idx = top_groups.gather(1, j // group) * group + j % group
+    return vals, idx
+
+
+class _ValueWithGrad(torch.autograd.Function):
+    """`value` (a precomputed scalar) whose gradient with respect to `h` is `grad_h`."""
+
+    @staticmethod
+    def forward(ctx, h, value, grad_h):
+        ctx.save_for_backward(grad_h)
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        (grad_h,) = ctx.saved_tensors
+        return grad_h * g, None, None
+
+
+def _zero_with_grad(h: torch.Tensor, weight: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    """`[N, c]` zeros whose gradient with respect to `h [N, H]` is that of the logits `h . W[cand]`."""
+    e = torch.bmm(weight[cand].to(h.dtype), h[..., None]).squeeze(-1).float()   # [N, c]
+    return e - e.detach()
 
 
 def draft_logits(draft, h: torch.Tensor, head) -> torch.Tensor:

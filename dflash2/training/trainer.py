@@ -332,7 +332,7 @@ class Distiller:
                     fsdp_no_sync(self.model) if self.fsdp else self.acc.no_sync(self.model))
             with sync:
                 with self.acc.autocast():
-                    loss, p = self.model(batch, mask, self._embed, self._head)
+                    loss, p = self.model(batch, mask, self._embed, self._head, self.target.lm_head_weight)
                 self.acc.backward(loss / len(batches))
             parts = p if parts is None else parts + p
         if self.fsdp:   # DTensor-aware in torch; the norm comes back as a replicated DTensor
@@ -394,7 +394,7 @@ class Distiller:
                 batch, mask = self.make_batch([held[i] for i in sub], [(-1, i) for i in sub])
                 batch.pop("_tokens")
                 with self.acc.autocast():
-                    _, p = objective(batch, mask, self._embed, self._head)
+                    _, p = objective(batch, mask, self._embed, self._head, self.target.lm_head_weight)
                 parts = p if parts is None else parts + p
             proxy = summarize_stats(parts, self.block, n_micro=1)
             out.update({"eval/tau_proxy": proxy["tau_proxy"], "eval/path_tau": proxy["path_tau"],

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dflash2.modeling import DFlash2DraftModel
-from dflash2.training.losses import DistillObjective, ObjectiveSpec, default_gamma, position_weights, summarize_stats
+from dflash2.training.losses import (DistillObjective, ObjectiveSpec, ce_and_logits_grad, default_gamma, grouped_topk,
+                                     position_weights, summarize_stats)
 from tests.conftest import randomize_, tiny_draft_config
 
 
@@ -47,7 +48,7 @@ def test_chunking_and_head_checkpointing_do_not_change_loss_or_grads(loss):
     results = []
     for chunk, ckpt in ((4, False), (1, True), (3, False)):
         obj, batch, mask, embed, head = _setup(loss=loss, chunk_anchors=chunk, checkpoint_head=ckpt)
-        out, parts = obj(batch, mask, embed, head)
+        out, parts = obj(batch, mask, embed, head, head.weight)
         out.backward()
         results.append((out.detach(), parts, [p.grad.clone() for p in obj.parameters()]))
     for out, parts, grads in results[1:]:
@@ -57,11 +58,43 @@ def test_chunking_and_head_checkpointing_do_not_change_loss_or_grads(loss):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("extra", [{}, {"selector_stop_grad": True}, {"selector_alpha": 0.0},
+                                   {"predecessor": "self"}], ids=["default", "stop_grad", "no_selector", "self_pred"])
+def test_fused_head_loss_matches_the_autograd_reference(extra):
+    """The fused CE (gradient computed in forward, no logits kept) against the autograd path:
+    the same loss parts and stats, gradients equal up to fp32 summation order."""
+    results = {}
+    for impl in ("autograd", "fused"):
+        obj, batch, mask, embed, head = _setup(chunk_anchors=3, head_loss=impl, **extra)
+        assert obj.fused_head == (impl == "fused")
+        out, parts = obj(batch, mask, embed, head, head.weight)
+        out.backward()
+        results[impl] = (out.detach(), parts, {n: p.grad for n, p in obj.named_parameters() if p.grad is not None})
+    (ra, pa, ga), (rf, pf, gf) = results["autograd"], results["fused"]
+    torch.testing.assert_close(rf, ra, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(pf[3:], pa[3:], rtol=0, atol=0)          # stats: the same discrete picks
+    torch.testing.assert_close(pf[:3], pa[:3], rtol=1e-6, atol=1e-6)
+    assert ga.keys() == gf.keys() and ga
+    for name in ga:
+        torch.testing.assert_close(gf[name], ga[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_head_loss_choice_is_resolved_once_and_checked():
+    obj, *_ = _setup(loss="kl")
+    assert not obj.fused_head                                          # auto: KL needs the logits
+    obj, *_ = _setup()
+    assert obj.fused_head                                              # auto: CE on a plain head
+    with pytest.raises(ValueError, match="head_loss=fused"):
+        ObjectiveSpec(loss="kl", head_loss="fused").check()
+    with pytest.raises(ValueError, match="head_loss"):
+        ObjectiveSpec(head_loss="triton").check()
+
+
 def test_selector_loss_by_hand_with_missing_target_injected():
     obj, batch, mask, embed, head = _setup(selector_alpha=1.0, chunk_anchors=4)
     d = obj.draft
     k = d.config.selector_top_k
-    _, parts = obj(batch, mask, embed, head)
+    _, parts = obj(batch, mask, embed, head, head.weight)
     # Recompute one row's selector loss explicitly, slot by slot.
     with torch.no_grad():
         noise = d.noise_embedding(embed, batch["block_ids"].flatten(1))
@@ -92,7 +125,7 @@ def test_stop_gradient_keeps_selector_loss_out_of_the_backbone():
     def fc_grad(alpha, stop):
         obj, batch, mask, embed, head = _setup(selector_alpha=alpha, selector_stop_grad=stop)
         obj.draft.candidate_selector.successor_codebook.data.normal_(0, 0.5)   # a live selector term
-        obj(batch, mask, embed, head)[0].backward()
+        obj(batch, mask, embed, head, head.weight)[0].backward()
         return obj.draft.fc.weight.grad.clone(), obj.draft.candidate_selector.successor_codebook.grad
 
     g0, _ = fc_grad(0.0, True)
@@ -103,8 +136,36 @@ def test_stop_gradient_keeps_selector_loss_out_of_the_backbone():
 
 def test_summary_metrics_from_parts():
     obj, batch, mask, embed, head = _setup()
-    _, parts = obj(batch, mask, embed, head)
+    _, parts = obj(batch, mask, embed, head, head.weight)
     m = summarize_stats(parts, 4)
     assert 1.0 <= m["tau_proxy"] <= m["oracle_tau"] <= 4.0
     assert 0.0 <= m["tf_selector_acc"] <= m["recall_at_k"] <= 1.0
     assert m["slots"] == 2 * 4 * 3 and m["blocks"] == 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V,k", [(128 * 40, 16), (128 * 16, 16), (1000, 8)], ids=["grouped", "k_groups", "fallback"])
+def test_grouped_topk_equals_torch_topk(V, k, dtype):
+    g = torch.Generator().manual_seed(V + k)
+    z = torch.randn(37, V, generator=g)
+    z[3, 5 * 128 + 7] = 40.0                 # several of the largest values in one group
+    z[3, 5 * 128 + 9] = 39.0
+    z = z.to(dtype)
+    vals, idx = grouped_topk(z, k)
+    ref_vals, ref_idx = z.topk(k, dim=-1)
+    assert torch.equal(vals, ref_vals)
+    if dtype == torch.float32:               # no exact ties among fresh fp32 normals
+        assert torch.equal(idx, ref_idx)
+    assert torch.equal(z.gather(-1, idx), vals)
+
+
+def test_ce_and_logits_grad_is_the_autograd_gradient():
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(9, 33, generator=g, dtype=torch.float64)
+    y, coef = torch.randint(0, 33, (9,), generator=g), torch.rand(9, generator=g, dtype=torch.float64)
+    zr = z.clone().requires_grad_(True)
+    ref = (coef * torch.nn.functional.cross_entropy(zr, y, reduction="none")).sum()
+    ref.backward()
+    loss, grad = ce_and_logits_grad(z, y, coef)
+    torch.testing.assert_close(loss.double(), ref.detach(), rtol=1e-6, atol=1e-6)   # fp32 math inside
+    torch.testing.assert_close(grad.double(), zr.grad, rtol=1e-5, atol=1e-6)
