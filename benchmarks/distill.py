@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -59,7 +60,10 @@ def samples(n: int, length: int, vocab: int, prompt: int = 50) -> list[dict[str,
     return out
 
 
-def bench(target, bs: int, args) -> dict:
+def bench(target, bs: int, args, arms: int = 1) -> dict:
+    """Steps/s of `arms` drafters trained together on the same batches (one target pass per
+    step, as `dflash2.training.arms`): arm 0 DFlash2 (or --architecture), then conv-only (selector
+    weight 0) and v1, cycling."""
     from accelerate import Accelerator
 
     from dflash2.training.trainer import Distiller
@@ -74,28 +78,39 @@ def bench(target, bs: int, args) -> dict:
         hardware=HardwareSpec(device="cuda", mixed_precision="bf16"),
         train=TrainSpec(batch_size=bs, grad_accum=args.grad_accum, max_steps=steps, num_anchors=args.anchors,
                         chunk_anchors=args.chunk_anchors, checkpoint_head=args.checkpoint_head,
-                        gradient_checkpointing=args.grad_ckpt, attention=args.attention, progress=False),
+                        gradient_checkpointing=args.grad_ckpt, attention=args.attention, progress=False,
+                        head_loss=args.head_loss),
         output_dir=str(args.scratch))
     data = TrainingData(samples(bs * steps, args.length, spec["vocab_size"]), [], [], "bench")
     acc = Accelerator(mixed_precision="bf16")
-    d = Distiller(cfg, target, None, data, args.scratch, accelerator=acc)
+    variants = [(args.architecture, 1.0), ("dflash2", 0.0), ("v1", 0.0)]
+    ds = []
+    for i in range(arms):
+        arch, alpha = variants[i % len(variants)]
+        c = replace(cfg, draft=replace(cfg.draft, architecture=arch), train=replace(cfg.train, selector_alpha=alpha))
+        ds.append(Distiller(c, target, None, data, args.scratch / f"arm{i}", accelerator=acc))
+
+    def step(s):
+        batches = ds[0].step_batches(s)
+        return [d.train_step(s, batches) for d in ds][0]
+
     for s in range(args.warmup):
-        d.train_step(s)
+        step(s)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     for s in range(args.warmup, args.warmup + args.steps):
-        parts, _, _ = d.train_step(s)
+        parts, _, _ = step(s)
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    row = {"batch": bs, "grad_accum": args.grad_accum, "steps_per_s": args.steps / dt,
+    row = {"batch": bs, "arms": arms, "grad_accum": args.grad_accum, "steps_per_s": args.steps / dt,
            "samples_per_s": bs * args.steps / dt,
            "tokens_per_s": bs * args.length * args.steps / dt, "query_tokens_per_s": bs * args.anchors * 16 * args.steps / dt,
            "step_s": dt / args.steps, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
            "loss": float(parts[0])}
     if args.profile:
-        row["profile"] = profile_steps(lambda s: d.train_step(s), range(args.warmup + args.steps, steps))
-    del d
+        row["profile"] = profile_steps(step, range(args.warmup + args.steps, steps))
+    del ds, step
     torch.cuda.empty_cache()
     return row
 
@@ -128,6 +143,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--profile", action="store_true", help="profile two more steps (torch.profiler tables)")
+    p.add_argument("--arms", default="1", help="drafters trained together on the same batches, e.g. 1,3")
+    p.add_argument("--head-loss", default="auto", choices=["auto", "fused", "autograd"])
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks.distill needs a CUDA GPU")
@@ -148,27 +165,29 @@ def main() -> None:
     target = TargetModel(model.eval()).requires_grad_(False)
     rows, profiles = [], []
     for bs in [int(b) for b in args.batch_sizes.split(",")]:
-        try:
-            rows.append(bench(target, bs, args))
-        except torch.OutOfMemoryError:
-            rows.append({"batch": bs, "grad_accum": args.grad_accum, "error": "OOM"})
-            torch.cuda.empty_cache()
-        if "profile" in rows[-1]:
-            profiles.append(f"## batch {bs}\n{rows[-1].pop('profile')}")
-        print(json.dumps(rows[-1]), flush=True)
+        for arms in [int(a) for a in args.arms.split(",")]:
+            try:
+                rows.append(bench(target, bs, args, arms))
+            except torch.OutOfMemoryError:
+                rows.append({"batch": bs, "arms": arms, "grad_accum": args.grad_accum, "error": "OOM"})
+                torch.cuda.empty_cache()
+            if "profile" in rows[-1]:
+                profiles.append(f"## batch {bs}, {arms} arm(s)\n{rows[-1].pop('profile')}")
+            print(json.dumps(rows[-1]), flush=True)
     gpu = torch.cuda.get_device_name()
     head = (f"Distillation throughput, {gpu}: {spec['name']} target (random bf16), {layers}-layer {args.architecture} "
             f"draft, block 16, {args.anchors} anchors, {args.length}-token samples, bf16 autocast, "
             f"attention={args.attention}, checkpoint_head={args.checkpoint_head}, grad_ckpt={args.grad_ckpt}, "
-            f"chunk_anchors={args.chunk_anchors}; {args.warmup} warm-up + {args.steps} timed steps.\n\n"
+            f"chunk_anchors={args.chunk_anchors}, head_loss={args.head_loss}; {args.warmup} warm-up + {args.steps} "
+            f"timed steps; arms = drafters trained together on the same batches.\n\n"
             f"Command: `python -m benchmarks.distill {' '.join(sys.argv[1:])}`\n\n")
-    table = ["| batch | steps/s | samples/s | tokens/s | query tokens/s | s/step | peak GiB |",
-             "|---|---|---|---|---|---|---|"]
+    table = ["| batch | arms | steps/s | samples/s | tokens/s | query tokens/s | s/step | peak GiB |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            table.append(f"| {r['batch']} | {r['error']} | | | | | |")
+            table.append(f"| {r['batch']} | {r['arms']} | {r['error']} | | | | | |")
         else:
-            table.append(f"| {r['batch']} | {r['steps_per_s']:.2f} | {r['samples_per_s']:.2f} | {r['tokens_per_s']:.0f} | "
+            table.append(f"| {r['batch']} | {r['arms']} | {r['steps_per_s']:.2f} | {r['samples_per_s']:.2f} | {r['tokens_per_s']:.0f} | "
                          f"{r['query_tokens_per_s']:.0f} | {r['step_s']:.3f} | {r['peak_mem_gib']:.1f} |")
     md = head + "\n".join(table) + "\n"
     print(md)

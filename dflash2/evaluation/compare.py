@@ -239,7 +239,8 @@ def _drafter_arms(runs: list[ComparedRun], n: int):
 def arms_table(runs: list[ComparedRun], n: int) -> tuple[list[str], list[list[str]], list[dict]]:
     """Per drafter (and its selector-off arm), T and dataset ("all" first) at N = n."""
     header = ["drafter", "T", "dataset", "n", "tau pooled [95% CI]", "tau per-request [95% CI]",
-              "speedup vs AR [95% CI]", "accuracy % [95% CI]", "McNemar p", "identical to AR %"]
+              "speedup vs AR [95% CI]", "accuracy % [95% CI]", "McNemar b / c", "McNemar p", "MDE (pp)",
+              "identical to AR %"]
     rows, data = [], []
     for run, kind, arm in _drafter_arms(runs, n):
         entry = run.summary["per_arm"][arm]
@@ -249,15 +250,30 @@ def arms_table(runs: list[ComparedRun], n: int) -> tuple[list[str], list[list[st
                          _with_ci(m.get("tau_per_request"), m.get("tau_per_request_ci")),
                          _with_ci(m.get("speedup"), m.get("speedup_ci")),
                          _with_ci(m.get("accuracy"), m.get("accuracy_ci"), 1, 100) if m.get("n_scored") else "-",
-                         _p_value((m.get("mcnemar") or {}).get("p")),
+                         _discordant(m.get("mcnemar")), _p_value((m.get("mcnemar") or {}).get("p")),
+                         _num(100 * m["mde_accuracy"], 1) if _finite(m.get("mde_accuracy")) else "-",
                          _num(100 * m["identical_fraction"], 1) if m.get("identical_fraction") is not None
                          else "-"])
             data.append({"drafter": run.label, "arm": arm, "kind": kind, "T": run.temperature, "dataset": ds,
                          **{k: m.get(k) for k in ("n", "tau_pooled", "tau_pooled_ci", "tau_per_request",
                                                    "tau_per_request_ci", "speedup", "speedup_ci", "accuracy",
                                                    "accuracy_ci", "identical_fraction")},
-                         "mcnemar_p": (m.get("mcnemar") or {}).get("p")})
+                         "mcnemar_p": (m.get("mcnemar") or {}).get("p"),
+                         "mcnemar_b": (m.get("mcnemar") or {}).get("b_only_arm_correct"),
+                         "mcnemar_c": (m.get("mcnemar") or {}).get("c_only_ar_correct"),
+                         "mde_accuracy": m.get("mde_accuracy")})
     return header, rows, data
+
+
+def _discordant(mcnemar: dict | None) -> str:
+    """"b / c": samples only the arm solved / only AR solved (McNemar's discordant pairs)."""
+    if not mcnemar:
+        return "-"
+    return f"{mcnemar['b_only_arm_correct']} / {mcnemar['c_only_ar_correct']}"
+
+
+def _finite(v) -> bool:
+    return v is not None and bool(np.isfinite(v))
 
 
 def ratio_table(runs: list[ComparedRun], n: int, n_resamples: int, seed: int) -> tuple[list, list, list[dict]]:

@@ -185,7 +185,7 @@ class DistillObjective(nn.Module):
         mass = torch.zeros((), device=h.device, dtype=torch.float64)
         if self.fused_head:
             if h.device.type == "cuda" and self._ce_grad is ce_and_logits_grad:
-                self._ce_grad = torch.compile(ce_and_logits_grad, dynamic=False)
+                self._ce_grad = _compiled_or_eager(ce_and_logits_grad)
             with torch.no_grad():
                 z = head(h)                                                  # [N, V], the head's dtype
                 k = min(d.config.selector_top_k, z.shape[-1])
@@ -282,6 +282,29 @@ def ce_and_logits_grad(z: torch.Tensor, y: torch.Tensor, coef: torch.Tensor) -> 
     onehot = torch.arange(z.shape[-1], device=z.device)[None, :] == y[:, None]
     grad = (torch.exp(zf - lse[:, None]) - onehot.float()) * coef[:, None]
     return loss, grad.to(z.dtype)
+
+
+def _compiled_or_eager(fn):
+    """`fn` compiled (Inductor); if compiling fails at the first call, the eager `fn` from then on
+    (the same math), with one warning naming the error."""
+    compiled = torch.compile(fn, dynamic=False)
+    state = {"impl": None}
+
+    def call(*args):
+        if state["impl"] is None:
+            try:
+                out = compiled(*args)
+                state["impl"] = compiled
+                return out
+            except Exception as e:   # noqa: BLE001  (any compiler failure: run the reference)
+                import warnings
+
+                warnings.warn(f"{fn.__name__}: torch.compile failed ({type(e).__name__}: {e}); running it eagerly",
+                              stacklevel=2)
+                state["impl"] = fn
+        return state["impl"](*args)
+
+    return call
 
 
 def grouped_topk(z: torch.Tensor, k: int, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:

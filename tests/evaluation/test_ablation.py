@@ -93,3 +93,4 @@ def test_the_ablation_runs_from_its_one_command_and_resumes(tmp_path):
             assert im.format == "PNG"
         assert f"](figures/{name}.png)" in md
     assert all(f"| {a} | 0 | all | 2 |" in md for a in ARMS)
+    assert "McNemar b / c" in md and all(r["mcnemar_b"] is not None for r in res["arms"] if r["dataset"] == "gsm8k")
