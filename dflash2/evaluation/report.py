@@ -41,8 +41,6 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from dflash2.evaluation.stats import arm_family  # noqa: E402
 
-# scripts/ablation_report.py reads its runs' JSONL through this name; the one rule is dflash2.jsonl's.
-
 # ------------------------------------------------------------------------------ formatting
 
 
@@ -76,9 +74,6 @@ def fmt_pct(v: Any, ci: Any = None) -> str:
     if ci and ci[0] is not None:
         return f"{100 * v:.1f} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
     return f"{100 * v:.1f}"
-
-
-# The names scripts/ablation_report.py imports (until dflash2/evaluation/compare.py replaces it).
 
 
 COLUMNS = ["arm", "N", "n", "tau pooled [95% CI]", "tau per-request [95% CI]", "speedup [95% CI]", "tok/s",

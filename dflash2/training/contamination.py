@@ -27,7 +27,6 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from dflash2.jsonl import read_jsonl
 
 # Words used to key an evaluation prompt in the containment index. Eight words make a key
 # that ordinary prose or code rarely repeats; shorter evaluation prompts match only exactly.
@@ -139,25 +138,9 @@ def _contains_words(text: str, part: str) -> bool:
 
 
 def _gsm8k_test_questions() -> Iterable[tuple[str, str]]:
-    from dflash2.assets import shared_data_dir
+    from dflash2.data import read_rows
 
-    try:
-        path = shared_data_dir() / "gsm8k" / "test.jsonl"
-    except FileNotFoundError:
-        path = None
-    if path is not None and path.is_file():
-        for i, row in enumerate(read_jsonl(path)):
-            yield row["question"], f"gsm8k-test/{i}"
-        return
-    import os
-
-    if os.environ.get("HF_HUB_OFFLINE"):
-        raise FileNotFoundError(
-            "the contamination guard needs GSM8K test (shared/data/gsm8k/test.jsonl, or hub openai/gsm8k "
-            "with HF_HUB_OFFLINE unset)")
-    import datasets
-
-    for i, row in enumerate(datasets.load_dataset("openai/gsm8k", "main", split="test")):
+    for i, row in enumerate(read_rows("gsm8k/test")):
         yield row["question"], f"gsm8k-test/{i}"
 
 
@@ -169,9 +152,9 @@ def _humaneval_prompts() -> Iterable[tuple[str, str]]:
 
 
 def _mt_bench_turns() -> Iterable[tuple[str, str]]:
-    from dflash2.assets import shared_data_dir
+    from dflash2.data import read_rows
 
-    for q in read_jsonl(shared_data_dir() / "mt_bench" / "question.jsonl"):
+    for q in read_rows("mt_bench/question"):
         for t, turn in enumerate(q["turns"], 1):
             yield turn, f"mt_bench/{q['question_id']}/turn{t}"
 

@@ -49,8 +49,8 @@ class DataSpec:
     """Hydra node `data` (group `configs/distill/data/`): where prompts come from and how they
     become training sequences.
 
-    `source`: `gsm8k` (shared-data GSM8K, hub `openai/gsm8k` when the file is missing and the hub
-    is reachable), `jsonl` (a local JSONL of conversations or prompts in `path`), `hub` (a hub
+    `source`: `gsm8k` (GSM8K as shipped in `dflash2.data`, or the file in `path`; a split the
+    package does not ship comes from hub `openai/gsm8k`), `jsonl` (a local JSONL of conversations or prompts in `path`), `hub` (a hub
     dataset name, or a local dataset directory, in `path`), `stdlib` (code and instruction prompts
     built from the Python standard library, offline: `dflash2.training.stdlib_prompts`), or
     `gsm8k+stdlib` (both offline sources, rows taken one from each in turn, so that any
@@ -114,17 +114,13 @@ def _load_raw(spec: DataSpec):
         check_dataset_name("gsm8k", spec.split)
         if spec.path:
             return _load_json(Path(spec.path))
-        from dflash2.assets import shared_data_dir
+        from dflash2.data import read_rows
 
-        try:
-            local = shared_data_dir() / "gsm8k" / f"{spec.split}.jsonl"
-        except FileNotFoundError:
-            local = None
-        if local is not None and local.is_file():
-            return _load_json(local)
+        if spec.split in ("train", "test"):
+            return datasets.Dataset.from_list(read_rows(f"gsm8k/{spec.split}"))
         if os.environ.get("HF_HUB_OFFLINE"):
             raise FileNotFoundError(
-                f"GSM8K split={spec.split!r}: no shared/data/gsm8k/{spec.split}.jsonl and HF_HUB_OFFLINE is set; "
+                f"GSM8K split={spec.split!r}: the package ships train and test only and HF_HUB_OFFLINE is set; "
                 "unset HF_HUB_OFFLINE to load hub openai/gsm8k, or set data.path to a local JSONL")
         return datasets.load_dataset("openai/gsm8k", "main", split=spec.split)
     if spec.source == "jsonl":

@@ -6,14 +6,13 @@ import json
 
 import pytest
 
-from dflash2.assets import shared_data_dir
+from dflash2.data import read_rows
 from dflash2.training.contamination import ContaminationError, check_prompts, eval_index, normalize
 from dflash2.training.data import DataSpec, build_training_data, load_conversations
 
 
 def _gsm8k_test(i: int) -> str:
-    with open(shared_data_dir() / "gsm8k" / "test.jsonl") as f:
-        return json.loads(f.readlines()[i])["question"]
+    return read_rows("gsm8k/test")[i]["question"]
 
 
 def _write(path, rows):
@@ -47,8 +46,7 @@ def test_humaneval_prompt_inside_a_longer_prompt_is_refused(tmp_path):
 
 
 def test_mt_bench_second_turn_is_refused():
-    with open(shared_data_dir() / "mt_bench" / "question.jsonl") as f:
-        q = json.loads(f.readline())
+    q = read_rows("mt_bench/question")[0]
     with pytest.raises(ContaminationError, match=f"mt_bench/{q['question_id']}/turn2"):
         check_prompts([("chat/0", ["Write a poem.", q["turns"][1].lower()])])
 
@@ -72,8 +70,7 @@ def test_regenerated_rows_are_checked_too():
 
 def test_clean_data_and_near_misses_pass():
     idx = eval_index()
-    with open(shared_data_dir() / "gsm8k" / "train.jsonl") as f:
-        train = [json.loads(line)["question"] for line, _ in zip(f, range(300))]
+    train = [row["question"] for row in read_rows("gsm8k/train")[:300]]
     assert all(idx.match(q) is None for q in train)
     q = _gsm8k_test(0)
     changed = q.replace("16", "17", 1)  # one number changed: a different problem

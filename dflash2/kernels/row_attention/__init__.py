@@ -27,9 +27,9 @@ MAX_TILE_ROWS = 64  # query heads per K/V head x queries: decode and verify bloc
 _BLOCK_N = 64
 _PROGRAMS = 264  # about two programs per SM on an H200 (132 SMs)
 # Splits per tile are capped at this many tile rows over the tile's rows: a 64-row tile (16 queries
-# x 4 heads) walks at least a quarter of the keys per program. The two H200 sweeps of a 64-row tile
-# at batch 1 over 528 keys disagree (docs/PERFORMANCE.md): 2026-11-30 timed 4 splits at 15.4 us
-# against 18.7 with 9; the nineteenth session 4 at 12.1 against 11.0 with 6 or 8. Open.
+# x 4 heads) walks at least a quarter of the keys per program. The cap's value is open: H200 sweeps
+# of a 64-row tile at batch 1 over 528 keys have put 4 splits both ahead of 9 and about 1 us behind
+# 6 or 8; `python -m benchmarks.kernels --batches 1 8 --sweep --sweep-kernels row_attention` re-measures it.
 _SPLIT_TILE_ROWS = 256
 # The merge's programs: one per (row, K/V head) left 8 programs for the 8B target at batch 1 (12 us
 # a merge on the H200, twice the split stage) and 3 for SmolLM2; blocks of 16 tile rows x 32 head

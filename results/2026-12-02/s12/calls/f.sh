@@ -1,2 +1,0 @@
-# call F: wait for the last evaluations (150 s at most), then bring /tmp/ev back (records, summaries, logs)
-mkdir -p $OUT/e; for i in $(seq 1 40); do n=$(cat /tmp/ev/rc.txt 2>/dev/null | wc -l); [ $n -ge 11 ] && break; [ $SECONDS -gt 150 ] && break; sleep 5; done; cat /tmp/ev/rc.txt; for f in /tmp/ev/*.log; do echo "== $f"; tail -c 400 $f | tr '\r' '\n' | tail -1; done; tar czf $OUT/e/ev.tgz -C /tmp --exclude='*.log' ev; for f in /tmp/ev/*.log /tmp/logs/*.log; do tail -c 20000 $f > $OUT/e/$(basename $f); done; cd $OUT && tar czf e.tgz e && rm -rf e; ls -la $OUT
