@@ -7,6 +7,7 @@ records off a GPU machine.
     python eval/report.py DIR --n-resamples 10000 --wandb offline       # also (re)log to W&B
     python eval/report.py --compare ROOT/eval/* --sweep ROOT/sweep/* --out ROOT/compare   # across runs
     python eval/report.py --same-tokens RUN_A RUN_B     # e.g. batch 8 vs each prompt alone, exact mode
+    python eval/report.py DIR --rescore                 # score the records again here (GSM8K, HumanEval sandbox)
 
 `--compare RUN...` (`DIR` or `NAME=DIR`, one drafter per run) writes the cross-run tables and
 figures (tau per drafter with CIs, tau ratios, per-position acceptance, the N sweep, training
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--predictions", type=Path, default=None, help="JSON {arm: predicted speedup} from a cost model")
     ap.add_argument("--wandb", choices=["disabled", "offline", "online"], default="disabled",
                     help="also log to W&B (default: disabled)")
+    ap.add_argument("--rescore", action="store_true",
+                    help="score the records again from their text first (GSM8K check, HumanEval sandbox) and "
+                         "rewrite records.jsonl: for records scored where the sandbox could not run")
     ap.add_argument("--wandb-project", default="dflash2")
     ap.add_argument("--wandb-entity", default=None)
     args = ap.parse_args(argv)
@@ -75,6 +79,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     run_dir = args.run_dir
     records = read_run_records(run_dir)
+    if args.rescore:
+        from dflash2.evaluation.records import RECORDS
+        from dflash2.evaluation.rescore import rescore
+        from dflash2.jsonl import rewrite_jsonl
+
+        records, changed = rescore(records)
+        rewrite_jsonl(run_dir / RECORDS, records)
+        print(f"rescored {len(records)} records: {changed} changed their correct field")
     summary = summarize(records, n_resamples=args.n_resamples, seed=args.seed,
                         accuracy_margin=args.accuracy_margin, logprob_margin=args.logprob_margin)
     old_path = run_dir / "summary.json"

