@@ -19,6 +19,7 @@ tensors, and directories that hold more than one checkpoint each name the file a
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -231,7 +232,24 @@ def load_draft(cls, path, *, dtype: torch.dtype | None = None, device=None):
     return model.eval()
 
 
+def umask_file_mode() -> int:
+    """The mode a new regular file gets under this process's umask (0o644 under 0o022), as
+    `open(path, "w")` would create it."""
+    try:   # Linux: read it without changing it (os.umask sets it, racing other threads' writes)
+        with open("/proc/self/status") as f:
+            umask = next(int(ln.split()[1], 8) for ln in f if ln.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
 def save_draft(model, save_directory) -> None:
+    """Write `config.json` and `model.safetensors` (the z-lab contract) into `save_directory`.
+
+    Both files get the umask's mode, like any file the user writes: safetensors writes the
+    weights through an owner-only (0o600) temporary file and renames it, which would leave the
+    checkpoint unreadable to another user or a serving process."""
     out = Path(save_directory)
     out.mkdir(parents=True, exist_ok=True)
     others = [f.name for f in out.glob("*.safetensors") if f.name != WEIGHTS_NAME]
@@ -243,3 +261,4 @@ def save_draft(model, save_directory) -> None:
     model.config.dtype = next(iter(state.values())).dtype
     model.config.save_pretrained(str(out))
     save_file(state, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    os.chmod(out / WEIGHTS_NAME, umask_file_mode())
