@@ -196,11 +196,12 @@ def read_tensors(path: str | Path, device: str | torch.device = "cpu") -> dict[s
     return out
 
 
-def load_draft(cls, path, *, dtype: torch.dtype | None = None, device=None):
-    """Build `cls(config)` from a checkpoint directory with strict names and shapes.
+def read_config(path: str | Path) -> DFlash2Config:
+    """The checked `DFlash2Config` of the checkpoint directory `path` (its `config.json` alone).
 
-    Every check (config fields, files, tensor names, shapes, dtypes, values) runs before the
-    model is built, so an error never leaves a half-loaded model behind.
+    Raises:
+        FileNotFoundError: no `config.json`.
+        DFlash2ConfigError: not a JSON object, or a field out of range (named, with the fix).
     """
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -213,11 +214,101 @@ def load_draft(cls, path, *, dtype: torch.dtype | None = None, device=None):
     if not isinstance(raw, dict):
         raise DFlash2ConfigError(f"{path / 'config.json'}: holds a {type(raw).__name__}, not a JSON object. "
                                  "Fix: restore the file")
+    config = DFlash2Config.from_pretrained(str(path))
+    config.check()
+    return config
+
+
+# safetensors dtype names of floating-point tensors (draft weights are floating point).
+_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+_MAX_HEADER = 100_000_000   # the limit safetensors itself enforces on the JSON header
+
+
+def read_header(f: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """`{tensor name: (dtype, shape)}` of one safetensors file, from its header alone (no tensor
+    data is read), after checking that the file is exactly as long as its header says.
+
+    Raises:
+        CheckpointFileError: the header is unreadable, or the file is truncated or has trailing
+            bytes, or a tensor is not floating point; the message names the file and the fix.
+    """
+    fix = "Fix: re-download or re-export the checkpoint"
+    size = f.stat().st_size
+
+    def bad(why: str) -> CheckpointFileError:
+        return CheckpointFileError(f"{f}: not a readable safetensors file, it is truncated or corrupted "
+                                   f"({size} bytes; {why}). {fix}")
+
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < n <= min(_MAX_HEADER, size - 8):
+            raise bad("no header length in its first 8 bytes" if n < 0 else f"its header claims {n} bytes")
+        try:
+            header = json.loads(fh.read(n))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise bad(f"its header is not JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise bad("its header is not a JSON object")
+    out, end = {}, 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (start, stop) = str(info["dtype"]), tuple(int(d) for d in info["shape"]), info["data_offsets"]
+            end = max(end, int(stop))
+        except (KeyError, TypeError, ValueError) as e:
+            raise bad(f"tensor '{name}' has no dtype, shape and data_offsets ({type(e).__name__})") from e
+        if dtype not in _FLOAT_DTYPES:
+            raise CheckpointFileError(
+                f"{f}: tensor '{name}' has dtype {dtype}; draft weights are floating point (bf16/fp16/fp32). "
+                "Fix: export unquantized floating-point weights")
+        out[name] = (dtype, shape)
+    if size != 8 + n + end:
+        raise bad(f"its header describes {8 + n + end} bytes")
+    return out
+
+
+def inspect_checkpoint(path: str | Path) -> DFlash2Config:
+    """Check a checkpoint directory from its metadata alone and return its config: `config.json`,
+    the weight files (present, one checkpoint per directory, index and shards agreeing), each
+    file's header and length, and every tensor's name and shape against the config. Reads no
+    tensor data (non-finite values are found when the weights load, by `read_tensors`).
+
+    Raises:
+        FileNotFoundError, DFlash2ConfigError, CheckpointFileError, CheckpointMismatchError: the
+            first problem, naming the file and the fix.
+    """
+    path = Path(path)
+    config = read_config(path)
+    weight_map = _read_index(path) if (path / INDEX_NAME).is_file() else None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in _weight_files(path):
+        for raw_name, (_, shape) in read_header(f).items():
+            if weight_map is not None and weight_map.get(raw_name) != f.name:
+                raise CheckpointFileError(
+                    f"{f}: holds tensor '{raw_name}', which {INDEX_NAME} places in {weight_map.get(raw_name)!r}: "
+                    "the shards and the index belong to different checkpoints. Fix: re-download the checkpoint")
+            name = _SUFFIXED_ALIASES.get(raw_name, raw_name)
+            if name in shapes:
+                raise CheckpointFileError(f"tensor '{name}' is stored twice in {path}: two checkpoints in one "
+                                          "directory. Fix: keep one checkpoint per directory")
+            shapes[name] = shape
+    check_tensors(config, shapes)
+    return config
+
+
+def load_draft(cls, path, *, dtype: torch.dtype | None = None, device=None):
+    """Build `cls(config)` from a checkpoint directory with strict names and shapes.
+
+    Every check (config fields, files, tensor names, shapes, dtypes, values) runs before the
+    model is built, so an error never leaves a half-loaded model behind.
+    """
+    path = Path(path)
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype={dtype!r}: draft weights load as a floating torch dtype. "
                          "Fix: pass torch.bfloat16, torch.float16 or torch.float32 (or None: the checkpoint's)")
-    config = DFlash2Config.from_pretrained(str(path))
-    config.check()
+    config = read_config(path)
     device = torch.device(device or "cpu")
     tensors = read_tensors(path, device)
     check_tensors(config, {k: tuple(v.shape) for k, v in tensors.items()})
