@@ -222,6 +222,8 @@ def read_config(path: str | Path) -> DFlash2Config:
 # safetensors dtype names of floating-point tensors (draft weights are floating point).
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 _MAX_HEADER = 100_000_000   # the limit safetensors itself enforces on the JSON header
+_TORCH_NAMES = {"I8": "int8", "U8": "uint8", "I16": "int16", "U16": "uint16", "I32": "int32", "U32": "uint32",
+                "I64": "int64", "U64": "uint64", "BOOL": "bool"}   # as loading names them (torch.<name>)
 
 
 def read_header(f: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -260,8 +262,9 @@ def read_header(f: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         except (KeyError, TypeError, ValueError) as e:
             raise bad(f"tensor '{name}' has no dtype, shape and data_offsets ({type(e).__name__})") from e
         if dtype not in _FLOAT_DTYPES:
+            shown = f"torch.{_TORCH_NAMES[dtype]}" if dtype in _TORCH_NAMES else dtype
             raise CheckpointFileError(
-                f"{f}: tensor '{name}' has dtype {dtype}; draft weights are floating point (bf16/fp16/fp32). "
+                f"{f}: tensor '{name}' has dtype {shown}; draft weights are floating point (bf16/fp16/fp32). "
                 "Fix: export unquantized floating-point weights")
         out[name] = (dtype, shape)
     if size != 8 + n + end:
@@ -294,6 +297,11 @@ def inspect_checkpoint(path: str | Path) -> DFlash2Config:
                 raise CheckpointFileError(f"tensor '{name}' is stored twice in {path}: two checkpoints in one "
                                           "directory. Fix: keep one checkpoint per directory")
             shapes[name] = shape
+    if weight_map is not None:
+        absent = sorted(n for n in weight_map if _SUFFIXED_ALIASES.get(n, n) not in shapes)
+        if absent:
+            raise CheckpointFileError(f"{path / INDEX_NAME} lists tensors {absent[:3]} that no shard holds. "
+                                      "Fix: re-download the checkpoint")
     check_tensors(config, shapes)
     return config
 
