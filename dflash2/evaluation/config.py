@@ -275,6 +275,19 @@ def run_identity(cfg: Any, prompt_format: dict, extra: dict | None = None) -> tu
     return hashlib.sha256(blob).hexdigest()[:16], ident
 
 
+def changed_keys(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """`(dotted key, old value, new value)` for every leaf that differs between two identities
+    (nested dicts are walked; a key missing on one side reads as None), sorted by key."""
+    out = []
+    for k in sorted(set(old) | set(new), key=str):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.extend(changed_keys(a, b, f"{prefix}{k}."))
+        elif a != b:
+            out.append((f"{prefix}{k}", a, b))
+    return out
+
+
 def register_eval_schema() -> None:
     """Store `EvalConfig` as `eval_schema` (the first entry of `configs/eval/eval.yaml`) and
     register the shared groups (`target/`, `draft/`, `logger/`, `hardware/`)."""

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from dflash2.engine.stats import tau_pooled
 from dflash2.evaluation import datasets as ds
 from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm
-from dflash2.evaluation.config import run_identity, to_container, validate
+from dflash2.evaluation.config import changed_keys, run_identity, to_container, validate
 from dflash2.evaluation.records import RECORDS, append_records
 from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval
 from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion, load_judge
@@ -117,19 +117,6 @@ def resolve_exact(cfg, target, width: int) -> tuple[bool, str | None]:
     if not cfg.exact:
         return False, None
     return True, resolve_exact_impl(impl, True, target, width)
-
-
-def changed_keys(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
-    """`(dotted key, old value, new value)` for every leaf that differs between two identities
-    (nested dicts are walked; a key missing on one side reads as None), sorted by key."""
-    out = []
-    for k in sorted(set(old) | set(new), key=str):
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out.extend(changed_keys(a, b, f"{prefix}{k}."))
-        elif a != b:
-            out.append((f"{prefix}{k}", a, b))
-    return out
 
 
 class EvalRunner:
@@ -297,13 +284,24 @@ class EvalRunner:
     def _existing(self) -> list[dict]:
         """Records already written (resume), after the run identity is checked. One process:
         `records.jsonl` (plus shard files of an earlier sharded run), torn lines cut. Several:
-        rank 0 checks the identity and cuts torn lines before any rank reads, and no rank
+        rank 0 checks the identity (every rank raises its refusal) and cuts torn lines before any
+        rank reads, and no rank
         appends before every rank has read (a half-written line must never be read as torn)."""
+        from dflash2.entrypoint import UserError
+
         sh = self.shard
-        if sh.main:
-            self._check_identity(bool(self.cfg.resume))
         if sh.world == 1:
+            self._check_identity(bool(self.cfg.resume))
             return existing_records(self.out, repair=True)
+        refusal = None
+        if sh.main:
+            try:
+                self._check_identity(bool(self.cfg.resume))
+            except UserError as e:
+                refusal = str(e)
+        refusal = sh.broadcast(refusal)   # every rank refuses with rank 0, none waits for it
+        if refusal is not None:
+            raise UserError(refusal)
         if sh.main:
             existing_records(self.out, repair=True)
         sh.wait()

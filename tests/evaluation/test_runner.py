@@ -155,7 +155,7 @@ def test_changed_config_refuses_to_append(runner, tmp_path):
 
 
 def test_changed_keys_walks_nested_identities():
-    from dflash2.evaluation.runner import changed_keys
+    from dflash2.evaluation.config import changed_keys
 
     old = {"arms": {"num_speculative_tokens": [99], "oracle": True}, "seed": 0, "gone": 1}
     new = {"arms": {"num_speculative_tokens": [3], "oracle": True}, "seed": 0, "added": 2}
