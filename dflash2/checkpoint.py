@@ -19,6 +19,7 @@ tensors, and directories that hold more than one checkpoint each name the file a
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -195,11 +196,12 @@ def read_tensors(path: str | Path, device: str | torch.device = "cpu") -> dict[s
     return out
 
 
-def load_draft(cls, path, *, dtype: torch.dtype | None = None, device=None):
-    """Build `cls(config)` from a checkpoint directory with strict names and shapes.
+def read_config(path: str | Path) -> DFlash2Config:
+    """The checked `DFlash2Config` of the checkpoint directory `path` (its `config.json` alone).
 
-    Every check (config fields, files, tensor names, shapes, dtypes, values) runs before the
-    model is built, so an error never leaves a half-loaded model behind.
+    Raises:
+        FileNotFoundError: no `config.json`.
+        DFlash2ConfigError: not a JSON object, or a field out of range (named, with the fix).
     """
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -212,11 +214,109 @@ def load_draft(cls, path, *, dtype: torch.dtype | None = None, device=None):
     if not isinstance(raw, dict):
         raise DFlash2ConfigError(f"{path / 'config.json'}: holds a {type(raw).__name__}, not a JSON object. "
                                  "Fix: restore the file")
+    config = DFlash2Config.from_pretrained(str(path))
+    config.check()
+    return config
+
+
+# safetensors dtype names of floating-point tensors (draft weights are floating point).
+_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+_MAX_HEADER = 100_000_000   # the limit safetensors itself enforces on the JSON header
+_TORCH_NAMES = {"I8": "int8", "U8": "uint8", "I16": "int16", "U16": "uint16", "I32": "int32", "U32": "uint32",
+                "I64": "int64", "U64": "uint64", "BOOL": "bool"}   # as loading names them (torch.<name>)
+
+
+def read_header(f: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """`{tensor name: (dtype, shape)}` of one safetensors file, from its header alone (no tensor
+    data is read), after checking that the file is exactly as long as its header says.
+
+    Raises:
+        CheckpointFileError: the header is unreadable, or the file is truncated or has trailing
+            bytes, or a tensor is not floating point; the message names the file and the fix.
+    """
+    fix = "Fix: re-download or re-export the checkpoint"
+    size = f.stat().st_size
+
+    def bad(why: str) -> CheckpointFileError:
+        return CheckpointFileError(f"{f}: not a readable safetensors file, it is truncated or corrupted "
+                                   f"({size} bytes; {why}). {fix}")
+
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < n <= min(_MAX_HEADER, size - 8):
+            raise bad("no header length in its first 8 bytes" if n < 0 else f"its header claims {n} bytes")
+        try:
+            header = json.loads(fh.read(n))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise bad(f"its header is not JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise bad("its header is not a JSON object")
+    out, end = {}, 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (start, stop) = str(info["dtype"]), tuple(int(d) for d in info["shape"]), info["data_offsets"]
+            end = max(end, int(stop))
+        except (KeyError, TypeError, ValueError) as e:
+            raise bad(f"tensor '{name}' has no dtype, shape and data_offsets ({type(e).__name__})") from e
+        if dtype not in _FLOAT_DTYPES:
+            shown = f"torch.{_TORCH_NAMES[dtype]}" if dtype in _TORCH_NAMES else dtype
+            raise CheckpointFileError(
+                f"{f}: tensor '{name}' has dtype {shown}; draft weights are floating point (bf16/fp16/fp32). "
+                "Fix: export unquantized floating-point weights")
+        out[name] = (dtype, shape)
+    if size != 8 + n + end:
+        raise bad(f"its header describes {8 + n + end} bytes")
+    return out
+
+
+def inspect_checkpoint(path: str | Path) -> DFlash2Config:
+    """Check a checkpoint directory from its metadata alone and return its config: `config.json`,
+    the weight files (present, one checkpoint per directory, index and shards agreeing), each
+    file's header and length, and every tensor's name and shape against the config. Reads no
+    tensor data (non-finite values are found when the weights load, by `read_tensors`).
+
+    Raises:
+        FileNotFoundError, DFlash2ConfigError, CheckpointFileError, CheckpointMismatchError: the
+            first problem, naming the file and the fix.
+    """
+    path = Path(path)
+    config = read_config(path)
+    weight_map = _read_index(path) if (path / INDEX_NAME).is_file() else None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in _weight_files(path):
+        for raw_name, (_, shape) in read_header(f).items():
+            if weight_map is not None and weight_map.get(raw_name) != f.name:
+                raise CheckpointFileError(
+                    f"{f}: holds tensor '{raw_name}', which {INDEX_NAME} places in {weight_map.get(raw_name)!r}: "
+                    "the shards and the index belong to different checkpoints. Fix: re-download the checkpoint")
+            name = _SUFFIXED_ALIASES.get(raw_name, raw_name)
+            if name in shapes:
+                raise CheckpointFileError(f"tensor '{name}' is stored twice in {path}: two checkpoints in one "
+                                          "directory. Fix: keep one checkpoint per directory")
+            shapes[name] = shape
+    if weight_map is not None:
+        absent = sorted(n for n in weight_map if _SUFFIXED_ALIASES.get(n, n) not in shapes)
+        if absent:
+            raise CheckpointFileError(f"{path / INDEX_NAME} lists tensors {absent[:3]} that no shard holds. "
+                                      "Fix: re-download the checkpoint")
+    check_tensors(config, shapes)
+    return config
+
+
+def load_draft(cls, path, *, dtype: torch.dtype | None = None, device=None):
+    """Build `cls(config)` from a checkpoint directory with strict names and shapes.
+
+    Every check (config fields, files, tensor names, shapes, dtypes, values) runs before the
+    model is built, so an error never leaves a half-loaded model behind.
+    """
+    path = Path(path)
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype={dtype!r}: draft weights load as a floating torch dtype. "
                          "Fix: pass torch.bfloat16, torch.float16 or torch.float32 (or None: the checkpoint's)")
-    config = DFlash2Config.from_pretrained(str(path))
-    config.check()
+    config = read_config(path)
     device = torch.device(device or "cpu")
     tensors = read_tensors(path, device)
     check_tensors(config, {k: tuple(v.shape) for k, v in tensors.items()})
@@ -231,7 +331,24 @@ def load_draft(cls, path, *, dtype: torch.dtype | None = None, device=None):
     return model.eval()
 
 
+def umask_file_mode() -> int:
+    """The mode a new regular file gets under this process's umask (0o644 under 0o022), as
+    `open(path, "w")` would create it."""
+    try:   # Linux: read it without changing it (os.umask sets it, racing other threads' writes)
+        with open("/proc/self/status") as f:
+            umask = next(int(ln.split()[1], 8) for ln in f if ln.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
 def save_draft(model, save_directory) -> None:
+    """Write `config.json` and `model.safetensors` (the z-lab contract) into `save_directory`.
+
+    Both files get the umask's mode, like any file the user writes: safetensors writes the
+    weights through an owner-only (0o600) temporary file and renames it, which would leave the
+    checkpoint unreadable to another user or a serving process."""
     out = Path(save_directory)
     out.mkdir(parents=True, exist_ok=True)
     others = [f.name for f in out.glob("*.safetensors") if f.name != WEIGHTS_NAME]
@@ -243,3 +360,4 @@ def save_draft(model, save_directory) -> None:
     model.config.dtype = next(iter(state.values())).dtype
     model.config.save_pretrained(str(out))
     save_file(state, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    os.chmod(out / WEIGHTS_NAME, umask_file_mode())

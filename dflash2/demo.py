@@ -7,8 +7,9 @@ commands a user of this toolkit runs, with the `quickstart` presets:
         the target writes answers to GSM8K-train prompts (regeneration), then a small DFlash2
         drafter is distilled from identity init on them and exported to DIR/distill/final/
     python eval/run.py experiment=quickstart output_dir=DIR/eval draft_path=DIR/distill/final
-        AR vs DFlash2 (and its selector-off arm) on held-out GSM8K test prompts plus a few
-        HumanEval and MT-Bench items, interleaved per prompt: records, summary, HTML report
+        AR vs DFlash2 at N = 7 on held-out GSM8K test prompts plus a few HumanEval and MT-Bench
+        items, interleaved per prompt: records, summary, HTML report (the CPU preset runs no
+        selector-off arm; `quickstart_gpu` adds it, at N = 1, 3, 5, 7)
 
 and prints the headline: pooled tau at N = 7 on GSM8K with its 95% CI, speedup vs AR with its
 CI, McNemar's p, whether every output equals AR, and where the checkpoint and report are. On a
@@ -69,6 +70,8 @@ def _ci(block: dict, key: str) -> str:
 def headline(summary: dict, arm: str = "dflash2@N=7") -> tuple[list[str], bool]:
     """Terminal lines for the main job's result, and whether the drafter measurably learned
     (GSM8K pooled tau above 1 with a 95% CI that excludes 1)."""
+    from dflash2.evaluation.report import fmt_mcnemar_p
+
     per_arm = summary["per_arm"][arm]
     gsm = per_arm["by_dataset"].get("gsm8k", {})
     overall = per_arm["overall"]
@@ -81,7 +84,8 @@ def headline(summary: dict, arm: str = "dflash2@N=7") -> tuple[list[str], bool]:
         f"per-request {_ci(gsm, 'tau_per_request')}",
         f"  all datasets: tau pooled {_ci(overall, 'tau_pooled')}, speedup vs AR {_ci(overall, 'speedup')} "
         "(same process, interleaved)",
-        f"  McNemar exact p vs AR: {mc.get('p', 'n/a')} (only the draft arm correct: {mc.get('b_only_arm_correct', 0)}, "
+        f"  McNemar exact p vs AR: {fmt_mcnemar_p(mc) if mc else 'n/a'} (only the draft arm correct: "
+        f"{mc.get('b_only_arm_correct', 0)}, "
         f"only AR correct: {mc.get('c_only_ar_correct', 0)}); "
         f"outputs identical to AR: {overall.get('identical_fraction', 'n/a')}",
         f"  the drafter learned something (GSM8K tau CI excludes 1): {'yes' if learned else 'NO'}",

@@ -11,7 +11,9 @@ The contract a user sees:
                      `hydra.output_subdir: null`, `hydra.run.dir: .` and `hydra/job_logging:
                      stdout`, so Hydra creates no directory and no file; the entry point writes
                      `DIR/.hydra/config.yaml` and `overrides.yaml` itself (`write_run_config`),
-                     after the checks pass, and never over an existing run's copy; under
+                     after the checks pass, and never over the copy of a run that left results;
+                     the checks include what configs and checkpoint metadata can tell before
+                     any weight loads (`dflash2.preflight`); under
                      `-m`, `preflight_multirun` checks every point of the sweep before Hydra
                      creates the sweep directory
     one line         a user error prints `error: <message>` on stderr and exits with status 2
@@ -133,19 +135,23 @@ def _did_you_mean(name: str, leaf: str, declared: list[str]) -> str:
     return f"; did you mean {name[: len(name) - len(leaf)]}{close[0]}?" if close else ""
 
 
-def write_run_config(out_dir: str | os.PathLike, cfg) -> Path | None:
+def write_run_config(out_dir: str | os.PathLike, cfg, *, job_name: str | None = None) -> Path | None:
     """Record the resolved config (`DIR/.hydra/config.yaml`) and the command-line overrides
     (`DIR/.hydra/overrides.yaml`, when launched through Hydra). Call it after every check passed.
 
-    An existing `config.yaml` is kept (a resumed run does not rewrite the record of the run it
-    continues). Each file is written to a temporary name and renamed. Returns the config path, or
-    None when one already existed.
+    An existing `config.yaml` is kept while the directory holds an earlier run's results (a
+    resumed run does not rewrite the record of the run it continues); one beside no results (a run
+    that failed before any work, `runconfig.run_results`) is replaced, so a corrected rerun records
+    its own config. Each file is written to a temporary name and renamed. Returns the config path,
+    or None when the existing one was kept.
     """
     from omegaconf import DictConfig, OmegaConf
 
+    from dflash2.runconfig import run_results
+
     hydra_dir = Path(out_dir) / ".hydra"
     path = hydra_dir / "config.yaml"
-    if path.exists():
+    if path.exists() and run_results(out_dir, job_name=job_name):
         return None
     hydra_dir.mkdir(parents=True, exist_ok=True)
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)

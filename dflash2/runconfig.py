@@ -427,6 +427,18 @@ def existing_path(path: str | os.PathLike, *, directory: bool = False) -> bool:
     return test(Path(path)) or test(Path(os.path.normpath(path)))
 
 
+def run_results(path: str | os.PathLike, *, job_name: str | None = None) -> list[str]:
+    """The names of the entries of the directory `path` that an earlier run's work left there
+    (everything but Hydra's own run files, the writability probe and the job's log), sorted;
+    [] for a missing or empty directory. A run that was refused or failed before any work leaves
+    none, so its directory counts as unused."""
+    out = Path(path)
+    if not out.is_dir():
+        return []
+    ignore = set(HYDRA_RUN_FILES) | {WRITE_PROBE} | ({f"{job_name}.log"} if job_name else set())
+    return sorted(p.name for p in out.iterdir() if p.name not in ignore)
+
+
 def check_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str | None = None) -> Path:
     """The output-directory rule, read-only: raises `FileExistsError` for a file, or for a
     directory holding anything but Hydra's own run files without `resume=true`. Every process of
@@ -435,8 +447,7 @@ def check_output_dir(path: str | os.PathLike, resume: bool, *, job_name: str | N
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"output_dir={out} exists and is a file; choose a directory")
     if out.is_dir():
-        ignore = set(HYDRA_RUN_FILES) | {WRITE_PROBE} | ({f"{job_name}.log"} if job_name else set())
-        leftovers = sorted(p.name for p in out.iterdir() if p.name not in ignore)
+        leftovers = run_results(out, job_name=job_name)
         if leftovers and not resume:
             raise FileExistsError(
                 f"output_dir={out} is not empty ({', '.join(leftovers[:5])}{' ...' if len(leftovers) > 5 else ''}); "

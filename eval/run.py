@@ -12,7 +12,9 @@ Writes DIR/.hydra/config.yaml (the resolved config), DIR/run.json, DIR/records.j
 per arm and sample), DIR/summary.json, DIR/report.html and DIR/report.md, then prints a short
 summary read back from summary.json (tau per arm, outputs identical to AR, accuracy, where the
 report is); `resume=true` first says how many records it keeps. Every config value is checked
-before any work: a refused run writes nothing and exits with status 2 after one `error: ...`
+before any work, and so is what the draft checkpoint's `config.json` and safetensors headers and
+the target's config tell (`dflash2.preflight`: N against the block, the files, the vocabulary,
+the positions): a refused run writes nothing and exits with status 2 after one `error: ...`
 line (`DFLASH2_DEBUG=1` adds the traceback; see `dflash2.entrypoint`). Under `-m`, every point of the sweep
 is checked before Hydra creates the sweep directory (`dflash2.entrypoint.preflight_multirun`).
 
@@ -48,7 +50,10 @@ def checked(cfg):
         if obj.draft_path is not None and not existing_path(obj.draft_path, directory=True):
             raise ValueError(f"draft_path={obj.draft_path}: no such checkpoint directory")
 
-    return checked_object(cfg, check_shared_specs, validate, draft_exists)
+    from dflash2.preflight import check_eval_arms
+
+    # The draft checkpoint and the arms last: from config.json and the safetensors headers, no weights.
+    return checked_object(cfg, check_shared_specs, validate, draft_exists, check_eval_arms)
 
 
 def eval_summary(out_dir: Path) -> str:
@@ -89,7 +94,7 @@ def main(cfg) -> None:
     if is_main_process():   # rank 0 prepares the directory; run_eval's own check then passes
         if obj.resume:
             print(resume_note("eval", run_dir, ("records.jsonl", "shards/*.jsonl")), flush=True)
-        write_run_config(prepare_output_dir(run_dir, bool(obj.resume), job_name=hc.job.name), cfg)
+        write_run_config(prepare_output_dir(run_dir, bool(obj.resume), job_name=hc.job.name), cfg, job_name=hc.job.name)
     out = run_eval(cfg, run_dir, job_name=hc.job.name)
     if out is None:  # a sharded run's other processes: rank 0 merges and reports
         return

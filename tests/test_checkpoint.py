@@ -130,3 +130,19 @@ def test_save_load_round_trip_is_bit_exact(tmp_path, v2, dtype):
     x = (torch.arange(9)[None], torch.randn(1, 4, 64).to(dtype), torch.randn(1, 5, 128).to(dtype))
     with torch.no_grad():
         assert torch.equal(model(*x), loaded(*x))
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
+def test_saved_files_get_the_umask_mode(tmp_path, umask, mode):
+    """safetensors writes through an owner-only temporary file; the saved checkpoint must still be
+    readable by whoever the umask lets read the user's files (a serving process, another user)."""
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        DFlash2DraftModel(tiny_draft_config()).save_pretrained(tmp_path / "ckpt")
+    finally:
+        os.umask(old)
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / "ckpt").iterdir()}
+    assert modes == {"config.json": mode, "model.safetensors": mode}

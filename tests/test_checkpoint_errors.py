@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from dflash2 import DFlash2ConfigError, DFlash2DraftModel
-from dflash2.checkpoint import INDEX_NAME, WEIGHTS_NAME, CheckpointFileError
+from dflash2.checkpoint import INDEX_NAME, WEIGHTS_NAME, CheckpointFileError, inspect_checkpoint
 from tests.conftest import randomize_, tiny_draft_config
 
 
@@ -36,15 +36,26 @@ def state_of(saved) -> dict[str, torch.Tensor]:
     return load_file(str(saved / WEIGHTS_NAME))
 
 
-def load_fails(path, error, pattern):
+def load_fails(path, error, pattern, *, from_metadata: bool = True):
+    """Loading `path` raises `error` matching `pattern`, with a fix; so does inspecting its
+    metadata alone (the entry points' check before any weight loads: `inspect_checkpoint`)
+    unless `from_metadata=False` (a fault only the tensor data shows)."""
     with pytest.raises(error, match=pattern) as err:
         DFlash2DraftModel.from_pretrained(path)
     assert "Fix:" in str(err.value)
+    if from_metadata:
+        with pytest.raises(error, match=pattern) as early:
+            inspect_checkpoint(path)
+        assert "Fix:" in str(early.value)
+    else:
+        inspect_checkpoint(path)
     return str(err.value)
 
 
 def test_good_checkpoint_loads(saved):
     assert DFlash2DraftModel.from_pretrained(saved).selector_enabled
+    config = inspect_checkpoint(saved)                  # metadata alone: the same checkpoint passes
+    assert config.is_dflash2 and config.dflash_block_size == 8
 
 
 # ---------------------------------------------------------------- the issue's table, row 5
@@ -86,7 +97,8 @@ def test_non_finite_tensor_is_refused_with_its_name(saved, tmp_path):
     state = state_of(saved)
     state["layers.1.mlp.up_proj.weight"][3, 5] = float("nan")
     save_file(state, str(path / WEIGHTS_NAME))
-    load_fails(path, CheckpointFileError, r"tensor 'layers.1.mlp.up_proj.weight' contains NaN or inf")
+    load_fails(path, CheckpointFileError, r"tensor 'layers.1.mlp.up_proj.weight' contains NaN or inf",
+               from_metadata=False)
 
 
 def test_integer_dtype_in_config_or_argument_is_refused(saved, tmp_path):
@@ -134,6 +146,7 @@ def test_sharded_checkpoint_loads(saved, tmp_path):
     path = copy_of(saved, tmp_path)
     (path / WEIGHTS_NAME).unlink()
     write_shards(path, state_of(saved))
+    inspect_checkpoint(path)
     loaded = DFlash2DraftModel.from_pretrained(path).state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in state_of(saved).items())
 

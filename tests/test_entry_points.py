@@ -348,3 +348,19 @@ def test_kill_hook_is_off_unless_armed_and_refuses_a_malformed_value():
                 killpoints.arm_from_env({"DFLASH2_KILL_AT": bad})
     finally:
         killpoints.arm_from_env({})
+
+
+def test_the_recorded_config_is_kept_beside_results_and_replaced_without_them(tmp_path):
+    """A resumed run keeps the record of the run it continues; a directory that a run left without
+    results (it failed before any work) takes the corrected rerun's record."""
+    from omegaconf import OmegaConf
+
+    from dflash2.entrypoint import write_run_config
+
+    run = _earlier_run(tmp_path)
+    assert write_run_config(run, OmegaConf.create({"train": {"lr": 0.01}}), job_name="distill") is None
+    assert (run / ".hydra" / "config.yaml").read_text() == "train:\n  lr: 0.003\n"
+    (run / "metrics.jsonl").unlink()
+    (run / "distill.log").write_text("")                                  # the job's log is not a result
+    path = write_run_config(run, OmegaConf.create({"train": {"lr": 0.01}}), job_name="distill")
+    assert path == run / ".hydra" / "config.yaml" and path.read_text() == "train:\n  lr: 0.01\n"

@@ -41,7 +41,7 @@ def main(cfg) -> None:
     obj = checked(cfg)
     if obj.resume:
         print(resume_note("regenerate", obj.output_dir, ("regenerated.jsonl",)), flush=True)
-    write_run_config(prepare_output_dir(obj.output_dir, obj.resume, job_name="regenerate"), cfg)
+    write_run_config(prepare_output_dir(obj.output_dir, obj.resume, job_name="regenerate"), cfg, job_name="regenerate")
     run_regenerate(obj)
 
 

@@ -79,7 +79,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,7 +89,7 @@ from dflash2.engine.cache import static_attention
 from dflash2.engine.compiled import compile_modules, eager_forward
 from dflash2.engine.draft import DFlash2Proposer
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, StepGraphs
-from dflash2.engine.inputs import check_generate_inputs
+from dflash2.engine.inputs import GenerateInputError, check_generate_inputs
 from dflash2.engine.reports import ACC, ACTIVE, BAD, DONE, END, NEW
 from dflash2.engine.sampling import invalid_rows, row_seeds
 from dflash2.engine.state import (LEN_BUCKET, DecodeState, batch_bucket, keep_state, kept_state, prefill_rows,
@@ -174,6 +174,7 @@ def speculative_generate(
     attention_impl: str = "auto",
     linear_impl: str = "torch",
     exact_impl: str = "auto",
+    progress: Callable[[int], object] | None = None,
 ) -> SpeculativeOutput:
     """Generate with DFlash2 speculative decoding (or the AR baseline), losslessly.
 
@@ -229,11 +230,16 @@ def speculative_generate(
             forward through batch-invariant kernels, replayed from CUDA graphs: module docstring)
             | `"auto"` (default: invariant on a CUDA target whose kernels take it, else rows).
             Ignored outside exact mode.
+        progress: called on the host with the number of tokens committed over all rows, once
+            after the prefill and once per step as its report is read (a progress bar's hook:
+            the counts add up to the generated tokens; it never changes an output).
     Returns:
         `SpeculativeOutput`.
     """
     # Every argument is checked on the host before any device work (ids, dtypes, ranges,
     # position limit, draft/target fit); see dflash2.engine.inputs.
+    if progress is not None and not callable(progress):
+        raise GenerateInputError(f"progress: {progress!r} is not callable. Fix: pass a function of one int, or None.")
     checked = check_generate_inputs(
         target, draft, input_ids, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids, impl=impl,
@@ -306,13 +312,14 @@ def speculative_generate(
             keep_state(tgt, state)
     try:
         return _decode(state, tgt, rows, checked, max_new_tokens=max_new_tokens, temperature=temperature, stops=stops,
-                       kv_bucket=kv_bucket, clock=clock, sync=sync, pipelined=not timing)
+                       kv_bucket=kv_bucket, clock=clock, sync=sync, pipelined=not timing, progress=progress)
     finally:
         state.lock.release()
 
 
 def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], checked, *, max_new_tokens: int,
-            temperature: float, stops, kv_bucket: int, clock, sync: bool, pipelined: bool) -> SpeculativeOutput:
+            temperature: float, stops, kv_bucket: int, clock, sync: bool, pipelined: bool,
+            progress: Callable[[int], object] | None = None) -> SpeculativeOutput:
     """Prefill, then the decoding loop on `state` (its rows 0..len(rows)-1), then the outputs."""
     device, exact, n_spec, layer_ids = tgt.device, state.exact, state.n_spec, state.layer_ids
     bsz, batch, cache = len(rows), state.batch, state.cache
@@ -354,6 +361,8 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
                         batch - bsz, *prefill_features.shape[1:])])
             state.start(first, (prefill_features, prompt_pos.expand(batch, p_max), state.plens.clone()))
         times.prefill = clock() - t_start
+        if progress is not None:
+            progress(bsz)   # the prefill commits each row's first token
         # Every buffer the step reads or writes is static and updated in place, so the step can run
         # eagerly or as a captured CUDA graph (dflash2.engine.graphs) on the same state. The AR arm
         # and a proposer that absorbed the prompt's features in `start` read only those buffers from
@@ -366,7 +375,7 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
             captures_before = runner.captures
         with state.step_modes(), collector_paused():
             steps, last = _run_steps(state, runner, times, plen_host, max_new_tokens=max_new_tokens,
-                                     kv_bucket=kv_bucket, clock=clock, pipelined=pipelined)
+                                     kv_bucket=kv_bucket, clock=clock, pipelined=pipelined, progress=progress)
         if runner is not None:
             times.graph_captures, times.graph_error = runner.captures - captures_before, runner.failed
         times.total = clock() - t_start
@@ -397,7 +406,8 @@ def collector_paused() -> Iterator[None]:
 
 
 def _run_steps(state: DecodeState, runner, times: StepTimes, plen_host: list[int], *, max_new_tokens: int,
-               kv_bucket: int, clock, pipelined: bool) -> tuple[int, np.ndarray | None]:
+               kv_bucket: int, clock, pipelined: bool,
+               progress: Callable[[int], object] | None = None) -> tuple[int, np.ndarray | None]:
     """The decoding loop after the prefill: steps until every row is done.
 
     Pipelined (the default), step k+1 is launched before the host waits for step k's report
@@ -462,7 +472,10 @@ def _run_steps(state: DecodeState, runner, times: StepTimes, plen_host: list[int
             ends = last[END, :bsz]
             end_max = int(ends.max())
             done = bool(last[DONE].all())
-            committed += int(last[NEW, :bsz].sum())
+            new = int(last[NEW, :bsz].sum())
+            committed += new
+            if progress is not None:
+                progress(new)
             row_steps += int(last[ACTIVE, :bsz].sum())
             left = max_new_tokens - (ends - plens)  # budget left per row
             may_end = bool(left[last[DONE, :bsz] == 0].max(initial=0) <= committed / max(row_steps, 1))

@@ -46,6 +46,7 @@ import numpy as np
 
 from dflash2.evaluation import stats
 from dflash2.evaluation.records import read_run_records
+from dflash2.evaluation.report import fmt_mcnemar_p
 from dflash2.jsonl import read_jsonl, to_jsonable
 
 DRAFT_KINDS = ("spec", "selector_off")  # the record `arm_kind`s that run a checkpoint
@@ -214,10 +215,6 @@ def _with_ci(v, ci, digits: int = 2, scale: float = 1.0) -> str:
     return cell
 
 
-def _p_value(p) -> str:
-    return "-" if p is None or not np.isfinite(p) else (f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}")
-
-
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     """A GitHub Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -250,7 +247,7 @@ def arms_table(runs: list[ComparedRun], n: int) -> tuple[list[str], list[list[st
                          _with_ci(m.get("tau_per_request"), m.get("tau_per_request_ci")),
                          _with_ci(m.get("speedup"), m.get("speedup_ci")),
                          _with_ci(m.get("accuracy"), m.get("accuracy_ci"), 1, 100) if m.get("n_scored") else "-",
-                         _discordant(m.get("mcnemar")), _p_value((m.get("mcnemar") or {}).get("p")),
+                         _discordant(m.get("mcnemar")), fmt_mcnemar_p(m.get("mcnemar")),
                          _num(100 * m["mde_accuracy"], 1) if _finite(m.get("mde_accuracy")) else "-",
                          _num(100 * m["identical_fraction"], 1) if m.get("identical_fraction") is not None
                          else "-"])

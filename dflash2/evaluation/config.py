@@ -180,12 +180,18 @@ def validate(cfg: Any) -> None:
         if n is not None and n < 1:
             raise ValueError(f"data.{name}_limit={n}: use a positive count, or drop {name} from data.datasets to "
                              "skip it")
+    if cfg.data.few_shot < 0:
+        raise ValueError(f"data.few_shot={cfg.data.few_shot}: use >= 0 (GSM8K train examples before each prompt)")
     if cfg.data.source not in ("auto", "hub", "local"):
         raise ValueError(f"data.source={cfg.data.source!r}: use auto, hub or local")
     if cfg.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={cfg.max_new_tokens}: must be >= 1")
     if cfg.temperature < 0:
         raise ValueError(f"temperature={cfg.temperature}: must be >= 0")
+    if not 0.0 < cfg.top_p <= 1.0:
+        raise ValueError(f"top_p={cfg.top_p}: must be in (0, 1] (1.0 = off)")
+    if cfg.top_k < 0:
+        raise ValueError(f"top_k={cfg.top_k}: must be >= 0 (0 = off)")
     if cfg.batch_size < 1:
         raise ValueError(f"batch_size={cfg.batch_size}: must be >= 1")
     ns = list(cfg.arms.num_speculative_tokens) + list(cfg.arms.oracle_num_speculative_tokens or [])
@@ -225,6 +231,25 @@ def validate(cfg: Any) -> None:
         why = invariant_unavailable(resolve_device(cfg.hardware))
         if why:
             raise ValueError(f"exact_impl=invariant {why}; use exact_impl=rows (or auto) on this device")
+    if cfg.stats.n_resamples < 1:
+        raise ValueError(f"stats.n_resamples={cfg.stats.n_resamples}: use >= 1 bootstrap resamples (>= 1000 for "
+                         "stable 95% intervals)")
+    if not 0.0 < cfg.stats.accuracy_margin < 1.0:
+        raise ValueError(f"stats.accuracy_margin={cfg.stats.accuracy_margin}: the TOST equivalence margin is a "
+                         "difference of accuracies, use a value in (0, 1) (e.g. 0.02)")
+    sb = cfg.sandbox
+    if not (sb.timeout_s > 0 and sb.memory_mb >= 1 and sb.max_processes >= 1):
+        raise ValueError(f"sandbox.timeout_s={sb.timeout_s}, sandbox.memory_mb={sb.memory_mb}, sandbox.max_processes="
+                         f"{sb.max_processes}: use a timeout > 0 and limits >= 1 (every HumanEval run would fail)")
+    checks = cfg.checks
+    if checks.oracle_min_accepted is not None and not cfg.arms.oracle:
+        raise ValueError(f"checks.oracle_min_accepted={checks.oracle_min_accepted} with arms.oracle=false: there is no "
+                         "oracle arm to check (the run would fail after all its work); set arms.oracle=true or "
+                         "checks.oracle_min_accepted=null")
+    if checks.draft_min_accepted is not None and not (cfg.arms.dflash2 or cfg.arms.selector_off):
+        raise ValueError(f"checks.draft_min_accepted={checks.draft_min_accepted} with arms.dflash2=false and "
+                         "arms.selector_off=false: there is no drafter arm to check; turn one on or set "
+                         "checks.draft_min_accepted=null")
     if not 0.0 <= cfg.arms.oracle_accept_prob <= 1.0:
         raise ValueError(f"arms.oracle_accept_prob={cfg.arms.oracle_accept_prob}: must be in [0, 1]")
 
@@ -249,6 +274,19 @@ def run_identity(cfg: Any, prompt_format: dict, extra: dict | None = None) -> tu
         ident["extra"] = extra
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16], ident
+
+
+def changed_keys(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """`(dotted key, old value, new value)` for every leaf that differs between two identities
+    (nested dicts are walked; a key missing on one side reads as None), sorted by key."""
+    out = []
+    for k in sorted(set(old) | set(new), key=str):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.extend(changed_keys(a, b, f"{prefix}{k}."))
+        elif a != b:
+            out.append((f"{prefix}{k}", a, b))
+    return out
 
 
 def register_eval_schema() -> None:

@@ -67,6 +67,27 @@ def fmt_p(v: Any) -> str:
     return f"{v:.2g}" if v >= 1e-3 else f"{v:.1e}"
 
 
+def fmt_mcnemar_p(mc: dict | None) -> str:
+    """A summary's McNemar result: its p, or "n too small (need >= M discordant)" when the
+    discordant pairs are fewer than the test needs to reach p <= 0.05 (`stats.mcnemar_min_discordant`);
+    "-" without a result."""
+    if not mc:
+        return "-"
+    floor, d = mc.get("n_min_discordant"), mc.get("b_only_arm_correct", 0) + mc.get("c_only_ar_correct", 0)
+    if floor is not None and d < floor:
+        return f"n too small (need >= {floor} discordant)"
+    return fmt_p(mc.get("p"))
+
+
+def fmt_tost_accuracy_p(m: dict) -> str:
+    """A summary block's accuracy TOST: its p, or "n too small (need >= M)" below the pairs the
+    margin needs (`stats.tost_min_pairs`); "-" without a result."""
+    floor, n = m.get("tost_accuracy_n_min"), m.get("n_scored_paired")
+    if m.get("tost_accuracy_p") is not None and floor is not None and n is not None and n < floor:
+        return f"n too small (need >= {floor})"
+    return fmt_p(m.get("tost_accuracy_p"))
+
+
 def fmt_pct(v: Any, ci: Any = None) -> str:
     """A fraction as percent with one decimal (and its CI in brackets); "-" for None."""
     if v is None:
@@ -90,8 +111,8 @@ def _row(arm: str, n_spec: int, m: dict) -> list[str]:
         fmt_ci(m.get("speedup"), m.get("speedup_ci")),
         fmt_value(m.get("tokens_per_s"), 1),
         fmt_pct(m.get("accuracy"), m.get("accuracy_ci")) if m.get("n_scored") else "-",
-        fmt_p(mc.get("p")) if mc else "-",
-        fmt_p(m.get("tost_accuracy_p")),
+        fmt_mcnemar_p(mc),
+        fmt_tost_accuracy_p(m),
         fmt_value(100 * mde, 1) if mde is not None else "-",
         fmt_pct(m.get("identical_fraction")),
         fmt_p(m.get("tost_logprob_p")),

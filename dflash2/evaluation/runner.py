@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from dflash2.engine.stats import tau_pooled
 from dflash2.evaluation import datasets as ds
 from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm
-from dflash2.evaluation.config import run_identity, to_container, validate
+from dflash2.evaluation.config import changed_keys, run_identity, to_container, validate
 from dflash2.evaluation.records import RECORDS, append_records
 from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval
 from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion, load_judge
@@ -255,33 +255,53 @@ class EvalRunner:
 
     # ------------------------------------------------------------------ main loop
     def _check_identity(self, resume: bool) -> None:
+        """Refuse (`UserError`, one line) to append to a directory whose `run.json` records another
+        run identity, naming the changed keys and the fix; writes nothing."""
+        from dflash2.entrypoint import UserError
+
         path = self.out / RUN_JSON
         if path.exists():
             old = json.loads(path.read_text())
             if old.get("run_id") != self.run_id:
-                a, b = old.get("identity", {}), self.identity
-                changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-                raise RuntimeError(
-                    f"output_dir={self.out} holds run {old.get('run_id')}, this config is run {self.run_id} "
-                    f"(changed: {', '.join(changed) or '?'}); refusing to append. Use a new output_dir, or "
-                    f"restore the original settings to resume.")
+                changed = changed_keys(old.get("identity", {}), self.identity)
+                shown = "; ".join(f"{k}: {a} -> {b}" for k, a, b in changed[:4]) or "?"
+                more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
+                raise UserError(
+                    f"output_dir={self.out} holds run {old.get('run_id')}, made with another config than this run "
+                    f"{self.run_id} (changed: {shown}{more}); to continue it, rerun with its values and resume=true, "
+                    "or choose a new output_dir for this config")
         elif resume and ((self.out / RECORDS).exists() or (self.out / SHARDS_DIR).is_dir()):
-            raise RuntimeError(f"output_dir={self.out} has records but no {RUN_JSON}; cannot verify the run "
-                               "identity, refusing to append. Use a new output_dir.")
-        path.write_text(json.dumps({"run_id": self.run_id, "experiment": self.cfg.experiment_name,
-                                    "prompt_format": self.fmt.to_dict(), "identity": self.identity},
-                                   indent=2, sort_keys=True, default=str))
+            raise UserError(f"output_dir={self.out} has records but no {RUN_JSON}, so their run identity cannot be "
+                            "verified; choose a new output_dir")
+
+    def _write_run_json(self) -> None:
+        """Record the run identity, once the run's work has begun (after the warm-up): a run that
+        failed before leaves no `run.json`, so a corrected rerun may use the directory."""
+        (self.out / RUN_JSON).write_text(json.dumps({"run_id": self.run_id, "experiment": self.cfg.experiment_name,
+                                                     "prompt_format": self.fmt.to_dict(), "identity": self.identity},
+                                                    indent=2, sort_keys=True, default=str))
 
     def _existing(self) -> list[dict]:
         """Records already written (resume), after the run identity is checked. One process:
         `records.jsonl` (plus shard files of an earlier sharded run), torn lines cut. Several:
-        rank 0 checks the identity and cuts torn lines before any rank reads, and no rank
+        rank 0 checks the identity (every rank raises its refusal) and cuts torn lines before any
+        rank reads, and no rank
         appends before every rank has read (a half-written line must never be read as torn)."""
+        from dflash2.entrypoint import UserError
+
         sh = self.shard
-        if sh.main:
-            self._check_identity(bool(self.cfg.resume))
         if sh.world == 1:
+            self._check_identity(bool(self.cfg.resume))
             return existing_records(self.out, repair=True)
+        refusal = None
+        if sh.main:
+            try:
+                self._check_identity(bool(self.cfg.resume))
+            except UserError as e:
+                refusal = str(e)
+        refusal = sh.broadcast(refusal)   # every rank refuses with rank 0, none waits for it
+        if refusal is not None:
+            raise UserError(refusal)
         if sh.main:
             existing_records(self.out, repair=True)
         sh.wait()
@@ -306,6 +326,8 @@ class EvalRunner:
         mine = {(a.label, it.sample_id(t)) for it, t in first + second for a in self.arms}
         total = len(mine)
         self._warmup()
+        if sh.main:
+            self._write_run_json()
         desc = "samples x arms" if sh.world == 1 else f"samples x arms (rank {sh.rank} of {sh.world})"
         bar = tqdm(total=total, initial=len(done & mine), desc=desc, unit="gen", disable=not sh.main)
         for p, phase in enumerate((first, second)):

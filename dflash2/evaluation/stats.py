@@ -19,11 +19,14 @@ tests. The conventions, also written into every summary under `"conventions"`:
   resamples a lossless greedy run produces (identical outputs, zero variance).
 - **Accuracy**: Wilson 95% interval; McNemar's exact test on paired correctness vs AR; TOST
   paired equivalence within +-`accuracy_margin`; minimum detectable effect (MDE) of McNemar at
-  alpha 0.05 / power 0.8 (see `mcnemar_mde`).
+  alpha 0.05 / power 0.8 (see `mcnemar_mde`). Each test's sample-size floor is recorded beside
+  its p (`mcnemar_min_discordant`, `tost_min_pairs`): below it the test cannot reach p <= 0.05
+  (McNemar) or its p claims more than the data show (TOST), and the reports print
+  "n too small (need >= M)" instead of the p-value.
 - At T > 0, TOST on the target's mean per-token log-probability of the generated text vs AR
   within +-`logprob_margin` nats/token: a distribution-level losslessness check without a scorer.
 
-Public: `mcnemar_exact`, `tost_paired`, `paired_bootstrap_ci`, `bootstrap_ci`, `mcnemar_mde`,
+Public: `mcnemar_exact`, `tost_paired`, `mcnemar_min_discordant`, `tost_min_pairs`, `paired_bootstrap_ci`, `bootstrap_ci`, `mcnemar_mde`,
 `acceptance`, `batch_key`, `batch_totals`, `summarize`, `conventions`, `to_jsonable`.
 """
 
@@ -42,6 +45,32 @@ from dflash2.engine.stats import (accepted_length_histogram, per_position_accept
 from dflash2.evaluation.records import arm_family, dedupe, validate
 
 CONFIDENCE = 0.95
+ALPHA = 1 - CONFIDENCE   # the level of the paired tests
+
+
+def mcnemar_min_discordant(alpha: float = ALPHA) -> int:
+    """The fewest discordant pairs with which the exact McNemar test can reach p <= `alpha`.
+
+    With d discordant pairs the smallest two-sided p the test can give is 2 * 2^-d (every pair on
+    one side), so it can reject only when d >= 1 + log2(1 / alpha): 6 at alpha = 0.05. With fewer,
+    p > alpha whatever the data say, and the summary marks the test as unable to speak
+    (`mcnemar.n_min_discordant`; the reports print "n too small" instead of its p)."""
+    return math.ceil(1 + math.log2(1 / alpha) - 1e-12)
+
+
+def tost_min_pairs(margin: float, alpha: float = ALPHA) -> int:
+    """The fewest pairs with which paired equivalence of two binary outcomes (correctness) within
+    +-`margin` can be shown at level `alpha`, even in the most favourable case (no discordant pair).
+
+    Equivalence needs the discordance rate bounded below `margin`; with n pairs and none discordant,
+    the exact one-sided `1 - alpha` bound on that rate is 1 - alpha^(1/n) (the "rule of three",
+    about 3/n at alpha = 0.05), which is below `margin` only when n >= ln(alpha) / ln(1 - margin):
+    149 pairs for margin 0.02. Below it `tost_paired`'s p (0 for identical correctness, the
+    t-test's zero-variance limit) claims more than the data can show, so the summary records the
+    floor (`tost_accuracy_n_min`) and the reports print "n too small" instead of the p-value."""
+    if not 0 < margin < 1:
+        raise ValueError(f"tost_min_pairs: margin must be in (0, 1), got {margin}")
+    return math.ceil(math.log(alpha) / math.log1p(-margin) - 1e-9)
 
 
 # ------------------------------------------------------------------------------ tests
@@ -298,9 +327,10 @@ def _compare(recs: list[dict], ar: dict[str, dict], temperature: float, n_resamp
             accuracy_diff=float(x.mean() - y.mean()),
             accuracy_diff_ci=paired_bootstrap_ci(x, y, _mean_diff, n_resamples, seed, vectorized=True),
             mcnemar={"b_only_arm_correct": len(only_x), "c_only_ar_correct": len(only_ar),
-                     "p": mcnemar_exact(len(only_x), len(only_ar)),
+                     "p": mcnemar_exact(len(only_x), len(only_ar)), "n_min_discordant": mcnemar_min_discordant(),
                      "discordant": {"only_arm_correct": only_x, "only_ar_correct": only_ar}},
             tost_accuracy_p=tost_paired(x, y, accuracy_margin), accuracy_margin=accuracy_margin,
+            tost_accuracy_n_min=tost_min_pairs(accuracy_margin),
             n_scored_paired=n, discordance=psi, mde_accuracy=mde,
         )
     ident = [r["identical_to_ar"] for r, _ in pairs if r.get("identical_to_ar") is not None]

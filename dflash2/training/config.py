@@ -127,15 +127,27 @@ def check_distill_config(cfg: "DistillConfig") -> None:
 
     check_shared_specs(cfg)
     check_data_spec(cfg.data)
+    _need(cfg.data.limit is None or cfg.data.heldout < cfg.data.limit,
+          f"data.heldout={cfg.data.heldout} with data.limit={cfg.data.limit} leaves no training conversations; "
+          "use data.heldout < data.limit")
     cfg.train.check()
     _need(cfg.init_from is None or existing_path(cfg.init_from, directory=True),
           f"init_from={cfg.init_from}: no such checkpoint directory")
+    # From the target's and the checkpoint's configs alone (no weights): `dflash2.preflight`.
+    from dflash2.preflight import check_draft_fits, check_draft_spec_fits, checkpoint_config, target_shapes
+
+    shapes = target_shapes(cfg.target)
+    check_draft_spec_fits(cfg.draft, shapes, cfg.target.name)
+    if cfg.init_from is not None:
+        check_draft_fits(checkpoint_config(cfg.init_from, "init_from"), shapes, f"init_from={cfg.init_from}",
+                         cfg.target.name)
     if cfg.arms:
         from dflash2.training.arms import arm_configs
 
         for arm in arm_configs(cfg).values():   # each arm's merged config passes the same checks
             check_shared_specs(arm)
             arm.train.check()
+            check_draft_spec_fits(arm.draft, shapes, cfg.target.name)
 
 
 @dataclass

@@ -71,16 +71,18 @@ def _existing(out: Path, fmt: PromptFormat, target_name: str) -> set[str]:
     return done
 
 
-def _generate(target, prompts: list[list[int]], spec: DataSpec, stops: list[int]):
+def _generate(target, prompts: list[list[int]], spec: DataSpec, stops: list[int], progress=None):
     from dflash2 import speculative_generate
 
-    out = speculative_generate(target, None, prompts, max_new_tokens=spec.max_new_tokens, stop_token_ids=stops)
+    out = speculative_generate(target, None, prompts, max_new_tokens=spec.max_new_tokens, stop_token_ids=stops,
+                               progress=progress)
     return [g.tolist() for g in out.generated], list(out.finish_reasons)
 
 
 def _regenerate_batch(target, tokenizer, convs: list[dict[str, Any]], spec: DataSpec, fmt: PromptFormat,
-                      stops: list[int]) -> list[dict[str, Any]]:
-    """Regenerate every assistant turn of `convs`, turn by turn across the batch."""
+                      stops: list[int], progress=None) -> list[dict[str, Any]]:
+    """Regenerate every assistant turn of `convs`, turn by turn across the batch; `progress` is
+    called with the tokens committed as they are (`speculative_generate`'s hook)."""
     segments = [_segments(c["messages"]) for c in convs]
     history: list[list[dict[str, str]]] = [[] for _ in convs]
     turns: list[list[dict[str, Any]]] = [[] for _ in convs]
@@ -90,7 +92,7 @@ def _regenerate_batch(target, tokenizer, convs: list[dict[str, Any]], spec: Data
         for i in active:
             history[i] += segments[i][k]
             prompts.append(encode_chat(tokenizer, history[i], fmt, add_generation_prompt=True))
-        responses, reasons = _generate(target, prompts, spec, stops)
+        responses, reasons = _generate(target, prompts, spec, stops, progress)
         for i, prompt, resp, why in zip(active, prompts, responses, reasons):
             body = resp[:-1] if resp and resp[-1] in stops else resp
             history[i].append({"role": "assistant", "content": tokenizer.decode(body, skip_special_tokens=False)})
@@ -120,7 +122,10 @@ def regenerate(target, tokenizer, spec: DataSpec, out_path: str | os.PathLike, *
         tokenizer: its tokenizer (must have a chat template).
         spec: data source, `max_new_tokens`, `regen_batch_size`, `enable_thinking`, `system_prompt`.
         out_path: the JSONL to write; ids already in it are skipped (resume), appending the rest.
-        progress: show a tqdm bar.
+        progress: show a tqdm bar over the tokens to generate: it moves with every decoding step
+            (rate in tokens/s) and counts conversations written in its postfix. Its total is the
+            budget, `max_new_tokens` per assistant turn, so the ETA is an upper bound; a batch's
+            rows that stopped early give back their unused budget when the batch is written.
         target_name: recorded in each row and checked on resume (default: the model's name).
     Returns:
         `out_path` as a Path.
@@ -142,13 +147,18 @@ def regenerate(target, tokenizer, spec: DataSpec, out_path: str | os.PathLike, *
     if done:
         log.info("%s: resuming, %d of %d conversations already regenerated", out, len(convs) - len(pending), len(convs))
     bs = spec.regen_batch_size
-    with tqdm(total=len(convs), initial=len(convs) - len(pending), disable=not progress,
-              desc=f"regenerate {spec.name}", unit="conv") as bar:
+    budget = [len(_segments(c["messages"])) * spec.max_new_tokens for c in pending]
+    written = len(convs) - len(pending)
+    with tqdm(total=sum(budget), disable=not progress, desc=f"regenerate {spec.name}", unit="tok",
+              unit_scale=True, postfix=f"{written}/{len(convs)} conversations") as bar:
         for start in range(0, len(pending), bs):
             batch = pending[start:start + bs]
-            rows = _regenerate_batch(target, tokenizer, batch, spec, fmt, stops)
+            before = bar.n
+            rows = _regenerate_batch(target, tokenizer, batch, spec, fmt, stops, progress=bar.update)
             append_jsonl(out, [{**row, **meta} for row in rows])  # fsynced: a crash loses at most this batch
-            bar.update(len(batch))
+            bar.update(sum(budget[start:start + bs]) - (bar.n - before))   # the budget early stops left unused
+            written += len(batch)
+            bar.set_postfix_str(f"{written}/{len(convs)} conversations")
     from dflash2.engine.state import release_decode_state
 
     release_decode_state(target)  # the engine's kept decoding state (GPU): training needs the memory

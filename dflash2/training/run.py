@@ -48,7 +48,7 @@ def run_distill(cfg) -> Path:
     acc = Accelerator(cpu=device.type == "cpu", mixed_precision=mp)
     if acc.is_main_process:
         prepare_output_dir(out, cfg.resume, job_name="distill")
-        write_run_config(out, raw)
+        write_run_config(out, raw, job_name="distill")
     acc.wait_for_everyone()
     target, tokenizer = load_target(cfg.target, acc.device)
     source = cfg.data.regenerated

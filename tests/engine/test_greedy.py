@@ -145,6 +145,26 @@ def test_stop_tokens_truncate_inside_accepted_runs():
     assert out.generated[0].tolist() == [refs[2][0]] and out.accepted == [[]]
 
 
+def test_progress_hook_counts_every_generated_token_and_changes_nothing():
+    """The hook (a progress bar's) sees the prefill's first tokens, then each step's commits: they
+    add up to the tokens generated, under long accepted runs, stop tokens and the length cap."""
+    idxs = ALL[:4]
+    refs = [reference("qwen3", j).tolist()[len(prompts()[j]):] for j in idxs]
+    stops = [refs[1][5]]
+    rows = [prompts()[j] for j in idxs]
+    for draft, n_spec in [(None, 0), (oracle("qwen3", idxs), 7), (random_draft(block_size=BLOCK), 3)]:
+        seen: list[int] = []
+        out = speculative_generate(qwen3_target(), draft, rows, max_new_tokens=MAX_NEW, num_speculative_tokens=n_spec,
+                                   stop_token_ids=stops, progress=seen.append)
+        plain = speculative_generate(qwen3_target(), draft, rows, max_new_tokens=MAX_NEW,
+                                     num_speculative_tokens=n_spec, stop_token_ids=stops)
+        assert [s.tolist() for s in out.sequences] == [s.tolist() for s in plain.sequences]
+        assert seen[0] == len(rows) and all(k >= 0 for k in seen)
+        assert sum(seen) == sum(len(g) for g in out.generated) and len(seen) == 1 + len(max(out.accepted, key=len))
+    with pytest.raises(ValueError, match="progress: 3 is not callable"):
+        speculative_generate(qwen3_target(), None, rows, max_new_tokens=2, progress=3)
+
+
 def test_max_new_tokens_edge_cases():
     target, draft = qwen3_target(), random_draft(block_size=BLOCK)
     p = prompts()[0]

@@ -137,13 +137,31 @@ def test_departure_margin_is_the_targets_top2_gap_on_the_ar_prefix(runner):
 
 
 def test_changed_config_refuses_to_append(runner, tmp_path):
+    from dflash2.entrypoint import UserError
+
     runner.out = tmp_path
     runner._check_identity(resume=False)
+    assert not (tmp_path / "run.json").exists()       # the check writes nothing; the run writes it once it began
+    runner._write_run_json()
+    runner._check_identity(resume=True)              # the same config passes
     (tmp_path / "records.jsonl").write_text("")
-    old = runner.run_id
-    runner.run_id, runner.identity = "0" * 16, {**runner.identity, "max_new_tokens": 99}
-    with pytest.raises(RuntimeError, match=f"holds run {old}.*max_new_tokens.*refusing to append"):
+    old, before = runner.run_id, runner.identity["max_new_tokens"]
+    runner.run_id = "0" * 16
+    runner.identity = {**runner.identity, "max_new_tokens": 99, "arms": {**runner.identity["arms"], "oracle": False}}
+    with pytest.raises(UserError, match=rf"holds run {old}, made with another config .*\(changed: arms.oracle: True "
+                       rf"-> False; max_new_tokens: {before} -> 99\); to continue it, rerun with its values and "
+                       "resume=true, or choose a new output_dir"):
         runner._check_identity(resume=True)
+
+
+def test_changed_keys_walks_nested_identities():
+    from dflash2.evaluation.config import changed_keys
+
+    old = {"arms": {"num_speculative_tokens": [99], "oracle": True}, "seed": 0, "gone": 1}
+    new = {"arms": {"num_speculative_tokens": [3], "oracle": True}, "seed": 0, "added": 2}
+    assert changed_keys(old, new) == [("added", None, 2), ("arms.num_speculative_tokens", [99], [3]),
+                                      ("gone", 1, None)]
+    assert changed_keys(new, new) == []
 
 
 TINY = ["experiment=tiny_cpu", "data.limit=1", "max_new_tokens=8"]

@@ -175,6 +175,26 @@ def test_two_process_sweep_into_an_earlier_run_is_refused_and_writes_nothing(two
 
 
 @pytest.mark.skipif(not HAS_EXACT, reason="the engine has no exact mode yet")
+def test_two_process_resume_under_a_changed_config_is_refused_by_every_process(two_batch1):
+    """Rank 0 finds the changed identity; every rank refuses with its one line (none is left
+    waiting for rank 0), and the run's files stay as they were."""
+    two, _ = two_batch1
+
+    def results() -> dict[str, float]:
+        return {str(p.relative_to(two)): p.stat().st_mtime for p in two.rglob("*")
+                if p.name.endswith((".jsonl", "run.json", "summary.json"))}
+
+    before = results()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"}
+    proc = subprocess.run(_launch_cmd(two, "temperature=0,1", "resume=true", "seed=7"), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 2 and all("made with another config" in ln and "seed: 0 -> 7" in ln for ln in lines), \
+        proc.stderr[-3000:]
+    assert results() == before
+
+
 def test_two_processes_equal_one_in_exact_mode_with_batches(tmp_path):
     two = tmp_path / "two"
     _launch_two(two, "temperature=0,1", "exact=true", "batch_size=2")

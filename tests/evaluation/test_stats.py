@@ -282,6 +282,40 @@ def test_summary_several_temperatures_pair_with_their_own_ar():
     assert set(s["vs_n"]) == {"dflash2|T=0", "dflash2|T=1"}
 
 
+def test_the_sample_size_floors_are_where_the_tests_can_first_speak():
+    from dflash2.evaluation.stats import mcnemar_min_discordant, tost_min_pairs
+
+    d = mcnemar_min_discordant()
+    assert d == 6 and mcnemar_exact(d, 0) <= 0.05 < mcnemar_exact(d - 1, 0)   # the most lopsided split
+    assert mcnemar_min_discordant(0.01) == 8 and mcnemar_exact(8, 0) <= 0.01 < mcnemar_exact(7, 0)
+    for margin, floor in [(0.02, 149), (0.05, 59), (0.1, 29)]:
+        n = tost_min_pairs(margin)
+        # n pairs with no discordant one bound the discordance rate below the margin at 95%, n - 1 do not
+        assert n == floor and (1 - margin) ** n <= 0.05 < (1 - margin) ** (n - 1)
+    with pytest.raises(ValueError, match="margin"):
+        tost_min_pairs(0.0)
+
+
+def test_reports_print_n_too_small_below_the_floors(flipped):
+    from dflash2.evaluation.report import COLUMNS, fmt_mcnemar_p, summary_rows
+
+    _, s = flipped
+    o = s["per_arm"]["dflash2@N=7"]["overall"]
+    assert o["mcnemar"]["n_min_discordant"] == 6 and o["tost_accuracy_n_min"] == 149
+    row = dict(zip(COLUMNS, next(r for r in summary_rows(s) if r[0] == "dflash2@N=7")))
+    assert row["McNemar p"] == "n too small (need >= 6 discordant)"      # 3 discordant pairs
+    assert row["TOST acc p"] == "n too small (need >= 149)"               # 24 scored pairs
+    same = dict(zip(COLUMNS, next(r for r in summary_rows(s) if r[0] == "dflash2@N=3")))
+    assert same["TOST acc p"] == "n too small (need >= 149)"              # p = 0 from 24 pairs is not shown
+    # At the floors the p-values are printed.
+    assert fmt_mcnemar_p({"b_only_arm_correct": 6, "c_only_ar_correct": 0, "p": 0.03125, "n_min_discordant": 6}) \
+        == "0.031"
+    huge = synthetic_records(n_per_dataset=80, ns=(3,))
+    h = summarize(huge, n_resamples=50)
+    row = dict(zip(COLUMNS, next(r for r in summary_rows(h) if r[0] == "dflash2@N=3")))
+    assert h["per_arm"]["dflash2@N=3"]["overall"]["n_scored_paired"] == 160 and row["TOST acc p"] == "0"
+
+
 def test_summary_rejects_bad_records():
     rec = synthetic_records(n_per_dataset=1, ns=(3,))[1]
     with pytest.raises(ValueError, match="wall_s"):

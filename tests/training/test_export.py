@@ -27,6 +27,22 @@ def test_export_loads_and_generates_losslessly(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(spec.sequences, ar.sequences))
 
 
+def test_export_and_checkpoint_files_get_the_umask_mode(tmp_path):
+    """Every file of the export and of the training checkpoints is readable as the umask allows
+    (0o644 under 0o022), the weights included (safetensors writes them owner-only, 0o600)."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        d = run(tmp_path / "run", max_steps=2, checkpoint_every=1, eval_max_new_tokens=0)
+    finally:
+        os.umask(old)
+    files = [f for root in (d.final, tmp_path / "run" / "checkpoints") for f in root.rglob("*") if f.is_file()]
+    assert {f.name for f in files} >= {"model.safetensors", "config.json", "trainer_state.pt"}
+    assert {str(f): oct(stat.S_IMODE(f.stat().st_mode)) for f in files} == {str(f): "0o644" for f in files}
+
+
 def test_v1_checkpoint_warm_starts_a_dflash2_draft(tmp_path):
     v1 = DFlash2DraftModel(tiny_draft_config(v2=False, vocab=300))
     export_final(v1, tmp_path / "v1", {"format_hash": "x"})

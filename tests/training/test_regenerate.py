@@ -118,6 +118,41 @@ def test_resume_after_interruption_gives_the_same_file(target_tok, tmp_path, mon
         regenerate(target, tok, spec, part, progress=False, target_name="another")
 
 
+def test_progress_moves_with_every_decoding_step(target_tok, tmp_path, monkeypatch):
+    """The bar counts tokens as the engine commits them (many updates per batch, not one per
+    batch), ends exactly at its total (the budget: max_new_tokens per assistant turn), and names
+    the conversations written."""
+    target, tok = target_tok
+    bars = []
+
+    class Recorder:
+        def __init__(self, **kw):
+            self.kw, self.n, self.updates, self.postfix = kw, 0, [], []
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, k):
+            self.n += k
+            self.updates.append(k)
+
+        def set_postfix_str(self, text):
+            self.postfix.append(text)
+
+    monkeypatch.setattr(regen_mod, "tqdm", Recorder)
+    out = regenerate(target, tok, _spec(_convs_file(tmp_path)), tmp_path / "r.jsonl")
+    (bar,) = bars
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    turns = sum(len(r.get("turns", [None])) for r in rows)           # conversation b has two
+    assert bar.kw["total"] == bar.n == turns * NEW and bar.kw["unit"] == "tok"
+    assert len(bar.updates) > 3 * len(bar.postfix) and len(bar.postfix) == 3   # 5 conversations, batches of 2
+    assert bar.postfix[-1] == "5/5 conversations" and bar.kw["postfix"] == "0/5 conversations"
+
+
 def _compose(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 
