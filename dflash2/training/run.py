@@ -32,34 +32,20 @@ def checked_config(cfg):
 
 def run_distill(cfg) -> Path:
     """Run one distillation from a composed `DistillConfig`; returns `DIR/final/`."""
-    from accelerate import Accelerator
-
     from dflash2.entrypoint import write_run_config
-    from dflash2.runconfig import check_output_dir, load_target, prepare_output_dir, resolve_device
-    from dflash2.training.data import build_training_data
-    from dflash2.training.regenerate import regenerate
+    from dflash2.runconfig import check_output_dir, load_target, prepare_output_dir
     from dflash2.training.trainer import Distiller
 
     raw = cfg
     cfg = checked_config(cfg)
     out = check_output_dir(cfg.output_dir, cfg.resume, job_name="distill")   # every process, before any writes
-    device = resolve_device(cfg.hardware)
-    mp = cfg.hardware.mixed_precision if device.type == "cuda" else "no"
-    acc = Accelerator(cpu=device.type == "cpu", mixed_precision=mp)
+    acc = _accelerator(cfg)
     if acc.is_main_process:
         prepare_output_dir(out, cfg.resume, job_name="distill")
         write_run_config(out, raw, job_name="distill")
     acc.wait_for_everyone()
     target, tokenizer = load_target(cfg.target, acc.device)
-    source = cfg.data.regenerated
-    if source is None:
-        source = out / "data" / "regenerated.jsonl"
-        if acc.is_main_process:
-            with torch.no_grad():
-                regenerate(target, tokenizer, cfg.data, source, progress=cfg.train.progress,
-                           target_name=cfg.target.name)
-        acc.wait_for_everyone()
-    data = build_training_data(source, tokenizer, cfg.data)
+    data = _training_data(cfg, target, tokenizer, acc, out / "data")
     return Distiller(cfg, target, tokenizer, data, out, accelerator=acc).fit()
 
 
@@ -68,40 +54,53 @@ def run_distill_arms(cfg) -> dict[str, Path]:
 
     Every arm's config is checked and every arm directory passes the output-directory rule
     before anything is written; data regenerated here go to `output_dir/data/`."""
-    from accelerate import Accelerator
-
     from dflash2.entrypoint import write_run_config
-    from dflash2.runconfig import check_output_dir, load_target, prepare_output_dir, resolve_device
+    from dflash2.runconfig import check_output_dir, load_target, prepare_output_dir
     from dflash2.training.arms import ArmGroup, arm_configs
-    from dflash2.training.data import build_training_data
-    from dflash2.training.regenerate import regenerate
     from dflash2.training.trainer import Distiller
 
     cfg = checked_config(cfg)
     arms = arm_configs(cfg)
     outs = {name: check_output_dir(a.output_dir, cfg.resume, job_name="distill") for name, a in arms.items()}
-    device = resolve_device(cfg.hardware)
-    mp = cfg.hardware.mixed_precision if device.type == "cuda" else "no"
-    acc = Accelerator(cpu=device.type == "cpu", mixed_precision=mp)
+    acc = _accelerator(cfg)
     if acc.is_main_process:
         for name, a in arms.items():
             prepare_output_dir(outs[name], cfg.resume, job_name="distill")
-            write_run_config(outs[name], a)
+            write_run_config(outs[name], a, job_name="distill")
     acc.wait_for_everyone()
     target, tokenizer = load_target(cfg.target, acc.device)
+    data = _training_data(cfg, target, tokenizer, acc, Path(cfg.output_dir) / "data")
+    group = ArmGroup.build({name: (lambda a=a, name=name: Distiller(a, target, tokenizer, data, outs[name],
+                                                                    accelerator=acc))
+                            for name, a in arms.items()})
+    return group.fit(progress=cfg.train.progress)
+
+
+def _accelerator(cfg):
+    from accelerate import Accelerator
+
+    from dflash2.runconfig import resolve_device
+
+    device = resolve_device(cfg.hardware)
+    mp = cfg.hardware.mixed_precision if device.type == "cuda" else "no"
+    return Accelerator(cpu=device.type == "cpu", mixed_precision=mp)
+
+
+def _training_data(cfg, target, tokenizer, acc, data_dir: Path):
+    """`data.regenerated`, else answers regenerated into `data_dir/regenerated.jsonl` (main
+    process, resumable), packed into `TrainingData`."""
+    from dflash2.training.data import build_training_data
+    from dflash2.training.regenerate import regenerate
+
     source = cfg.data.regenerated
     if source is None:
-        source = Path(cfg.output_dir) / "data" / "regenerated.jsonl"
+        source = data_dir / "regenerated.jsonl"
         if acc.is_main_process:
             with torch.no_grad():
                 regenerate(target, tokenizer, cfg.data, source, progress=cfg.train.progress,
                            target_name=cfg.target.name)
         acc.wait_for_everyone()
-    data = build_training_data(source, tokenizer, cfg.data)
-    group = ArmGroup.build({name: (lambda a=a, name=name: Distiller(a, target, tokenizer, data, outs[name],
-                                                                    accelerator=acc))
-                            for name, a in arms.items()})
-    return group.fit(progress=cfg.train.progress)
+    return build_training_data(source, tokenizer, cfg.data)
 
 
 def distill_summary(out_dir: str | Path) -> str:
