@@ -172,22 +172,29 @@ def _read_file(f: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
 def read_tensors(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """All tensors of the checkpoint in `path` (codebook aliases renamed); each name must come
     from exactly one file, and from the shard the index names for it."""
+    return {name: t for name, (t, _) in _walk_weight_files(path, lambda f: _read_file(f, device)).items()}
+
+
+def _walk_weight_files(path: Path, entries_of) -> dict[str, tuple[object, Path]]:
+    """`{name: (entry, file)}` over the checkpoint's weight files, `entries_of(file)` giving
+    `{stored name: entry}` (tensors, or header shapes); codebook aliases renamed. Raises
+    `CheckpointFileError` when the index and the shards disagree, a name is stored twice, or the
+    index lists a tensor no shard holds."""
     path = Path(path)
     weight_map = _read_index(path) if (path / INDEX_NAME).is_file() else None
-    out: dict[str, torch.Tensor] = {}
-    origin: dict[str, Path] = {}
+    out: dict[str, tuple[object, Path]] = {}
     for f in _weight_files(path):
-        for raw_name, t in _read_file(f, device).items():
+        for raw_name, entry in entries_of(f).items():
             # Shards and index must describe the same checkpoint, tensor by tensor.
             if weight_map is not None and weight_map.get(raw_name) != f.name:
                 raise CheckpointFileError(
                     f"{f}: holds tensor '{raw_name}', which {INDEX_NAME} places in {weight_map.get(raw_name)!r}: "
                     "the shards and the index belong to different checkpoints. Fix: re-download the checkpoint")
             name = _SUFFIXED_ALIASES.get(raw_name, raw_name)
-            if name in origin:
-                raise CheckpointFileError(f"tensor '{name}' is stored twice, in {origin[name]} and in {f}: two "
+            if name in out:
+                raise CheckpointFileError(f"tensor '{name}' is stored twice, in {out[name][1]} and in {f}: two "
                                           "checkpoints in one directory. Fix: keep one checkpoint per directory")
-            out[name], origin[name] = t, f
+            out[name] = (entry, f)
     if weight_map is not None:
         absent = sorted(n for n in weight_map if _SUFFIXED_ALIASES.get(n, n) not in out)
         if absent:
@@ -284,24 +291,8 @@ def inspect_checkpoint(path: str | Path) -> DFlash2Config:
     """
     path = Path(path)
     config = read_config(path)
-    weight_map = _read_index(path) if (path / INDEX_NAME).is_file() else None
-    shapes: dict[str, tuple[int, ...]] = {}
-    for f in _weight_files(path):
-        for raw_name, (_, shape) in read_header(f).items():
-            if weight_map is not None and weight_map.get(raw_name) != f.name:
-                raise CheckpointFileError(
-                    f"{f}: holds tensor '{raw_name}', which {INDEX_NAME} places in {weight_map.get(raw_name)!r}: "
-                    "the shards and the index belong to different checkpoints. Fix: re-download the checkpoint")
-            name = _SUFFIXED_ALIASES.get(raw_name, raw_name)
-            if name in shapes:
-                raise CheckpointFileError(f"tensor '{name}' is stored twice in {path}: two checkpoints in one "
-                                          "directory. Fix: keep one checkpoint per directory")
-            shapes[name] = shape
-    if weight_map is not None:
-        absent = sorted(n for n in weight_map if _SUFFIXED_ALIASES.get(n, n) not in shapes)
-        if absent:
-            raise CheckpointFileError(f"{path / INDEX_NAME} lists tensors {absent[:3]} that no shard holds. "
-                                      "Fix: re-download the checkpoint")
+    headers = _walk_weight_files(path, read_header)
+    shapes = {name: shape for name, ((_, shape), _) in headers.items()}
     check_tensors(config, shapes)
     return config
 
