@@ -25,9 +25,10 @@ over chunks of anchors. Two implementations of the head's CE (`head_loss`, chose
   logits are recomputed in backward instead of kept;
 - `fused` (the default where it applies: CE on a plain head, no multiplier or softcap): the
   frozen head's CE gradient is computed in the forward pass, `coef * (softmax - onehot)` in fp32
-  in place over the chunk's logits, then one GEMM with the head weight; no logits are kept or
-  recomputed. The selector reads the same logit values at its candidates, its gradient entering
-  through `h . W[cand]` (a straight-through term of value zero). The loss values equal the
+  math over the chunk's logits (`ce_and_logits_grad`, compiled on CUDA), then one GEMM with the
+  head weight; no logits are kept for backward or recomputed. The selector reads the same logit
+  values at its candidates, its gradient entering through `h . W[cand]` (a straight-through term
+  of value zero). The loss values equal the
   reference's up to rounding of the fp32 reductions; the gradients differ only in where the
   CE and selector parts are summed before the bf16 GEMM (tests/training/test_losses.py).
 """
@@ -191,8 +192,6 @@ class DistillObjective(nn.Module):
                 k = min(d.config.selector_top_k, z.shape[-1])
                 topv, topi = grouped_topk(z, k)                              # [N, k] sorted
                 topv = topv.float()
-                cand = torch.cat([topi, y[..., None]], dim=-1)               # [N, k+1]: top-k plus y
-                z_cand = z.gather(-1, cand).float()
                 value, grad_z = self._ce_grad(z, y, coef)                    # grad_z [N, V] in z's dtype
                 grad_h = (grad_z.to(head_weight.dtype) @ head_weight).to(h.dtype)
                 del grad_z
@@ -208,6 +207,7 @@ class DistillObjective(nn.Module):
             unary = (coef * ul).sum()
             k = min(d.config.selector_top_k, logits.shape[-1])
             topv, topi = logits.detach().topk(k, dim=-1)                     # [N, k] sorted
+        cand = torch.cat([topi, y[..., None]], dim=-1)                       # [N, k+1]: top-k plus y
         in_top = topi == y[..., None]
         hit = in_top.any(-1)
         if sp.loss == "kl":
@@ -227,9 +227,10 @@ class DistillObjective(nn.Module):
             if sp.predecessor == "self":
                 pred = torch.cat([anchor_tok[..., None], picks.view(shape)[..., :-1]], dim=-1).reshape(-1)
             if self.fused_head:   # the logits at the candidates; gradient through h . W[cand]
-                u_cand = z_cand if sp.selector_stop_grad else z_cand + _zero_with_grad(h, head_weight, cand)
+                u_cand = z.gather(-1, cand).float()
+                if not sp.selector_stop_grad:
+                    u_cand = u_cand + _zero_with_grad(h, head_weight, cand)
             else:
-                cand = torch.cat([topi, y[..., None]], dim=-1)               # [.., k+1]: top-k plus y
                 u_cand = (logits.detach() if sp.selector_stop_grad else logits).gather(-1, cand)
             s_ext = u_cand + transition_scores(pred, eta, cand, sel.predecessor_codebook, sel.successor_codebook)
             s_orig = s_ext[..., :k]
