@@ -88,11 +88,13 @@ class ArmGroup:
             raise ValueError("ArmGroup needs at least one arm")
         self.arms = dict(distillers)
         first_name, first = next(iter(self.arms.items()))
+        first_key = first.batch_key()
         for name, d in self.arms.items():
             if d.data is not first.data or d.target is not first.target:
                 raise ValueError(f"arm {name}: every arm must share the target and the data object")
-            if d.batch_key() != first.batch_key():
-                diff = [i for i, (a, b) in enumerate(zip(d.batch_key(), first.batch_key())) if a != b]
+            key = d.batch_key()
+            if key != first_key:
+                diff = [i for i, (a, b) in enumerate(zip(key, first_key)) if a != b]
                 raise ValueError(f"arms {first_name} and {name} would train on different batches (batch key fields "
                                  f"{diff} differ: seed, batch, anchors, block size, mask token, target layers, "
                                  "...); give them the same values")

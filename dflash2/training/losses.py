@@ -28,9 +28,9 @@ over chunks of anchors. Two implementations of the head's CE (`head_loss`, chose
   math over the chunk's logits (`ce_and_logits_grad`, compiled on CUDA), then one GEMM with the
   head weight; no logits are kept for backward or recomputed. The selector reads the same logit
   values at its candidates, its gradient entering through `h . W[cand]` (a straight-through term
-  of value zero). The loss values equal the
-  reference's up to rounding of the fp32 reductions; the gradients differ only in where the
-  CE and selector parts are summed before the bf16 GEMM (tests/training/test_losses.py).
+  of value zero). The loss values equal the reference's up to rounding of the fp32 reductions;
+  the gradients differ only in where the CE and selector parts are summed before the bf16 GEMM
+  (tests/training/test_losses.py).
 """
 
 from __future__ import annotations
