@@ -21,7 +21,7 @@ the cost model's predicted speedups are read from a run's `summary.json`.
   arm on the same weights where the run has one).
 - **tau ratios**: for every pair of drafters at the same T (in the order given), pooled tau
   num / den over the sample ids both ran, with a paired bootstrap CI (`tau_ratio`); and each
-  drafter over its own selector-off arm.
+  drafter over its own selector-off arm. Over all datasets and, where there are several, per dataset.
 - **Per-position acceptance**: P(slot i accepted | slots < i accepted) at N = `n`.
 - **N sweep**: tau and speedup vs N (CIs) for every run with two or more N (the `--sweep` runs
   and any compared run that has them), with the run's cost-model prediction when it made one.
@@ -273,10 +273,16 @@ def _finite(v) -> bool:
     return v is not None and bool(np.isfinite(v))
 
 
+def _of_dataset(by_sample: dict[str, dict], dataset: str) -> dict[str, dict]:
+    """The records of `dataset` ("all": every record)."""
+    return by_sample if dataset == "all" else {s: r for s, r in by_sample.items() if r["dataset"] == dataset}
+
+
 def ratio_table(runs: list[ComparedRun], n: int, n_resamples: int, seed: int) -> tuple[list, list, list[dict]]:
     """Pooled-tau ratios: every pair of drafters at the same T (order given), and each drafter over
-    its selector-off arm in the same run."""
-    header = ["ratio", "T", "common samples", "tau num", "tau den", "ratio [95% CI]", "CI excludes 1"]
+    its selector-off arm in the same run; over all common samples ("all") and, when the runs hold
+    more than one dataset, over each dataset's common samples."""
+    header = ["ratio", "T", "dataset", "common samples", "tau num", "tau den", "ratio [95% CI]", "CI excludes 1"]
     pairs = []
     for i, a in enumerate(runs):
         pairs += [(a, "spec", b, "spec") for b in runs[i + 1:] if b.temperature == a.temperature]
@@ -286,14 +292,16 @@ def ratio_table(runs: list[ComparedRun], n: int, n_resamples: int, seed: int) ->
         num, den = _by_sample(a, ka, n), _by_sample(b, kb, n)
         if not num or not den:
             continue
-        r = tau_ratio(num, den, n_resamples, seed)
-        name = f"{_variant(a.label, ka)} / {_variant(b.label, kb)}"
-        ci = r["ratio_ci"]
-        excl = "-" if not ci or not np.isfinite(ci[0]) else ("yes" if ci[0] > 1 or ci[1] < 1 else "no")
-        rows.append([name, f"{a.temperature:g}", str(r["n"]), _num(r["tau_num"], 3), _num(r["tau_den"], 3),
-                     _with_ci(r["ratio"], ci, 3), excl])
-        data.append({"name": name, "numerator": a.label, "denominator": _variant(b.label, kb), "T": a.temperature,
-                     "colour_of": a.label, **r})
+        datasets = sorted({r["dataset"] for r in num.values()} & {r["dataset"] for r in den.values()})
+        for ds in ["all"] + (datasets if len(datasets) > 1 else []):
+            r = tau_ratio(_of_dataset(num, ds), _of_dataset(den, ds), n_resamples, seed)
+            name = f"{_variant(a.label, ka)} / {_variant(b.label, kb)}"
+            ci = r["ratio_ci"]
+            excl = "-" if not ci or not np.isfinite(ci[0]) else ("yes" if ci[0] > 1 or ci[1] < 1 else "no")
+            rows.append([name, f"{a.temperature:g}", ds, str(r["n"]), _num(r["tau_num"], 3), _num(r["tau_den"], 3),
+                         _with_ci(r["ratio"], ci, 3), excl])
+            data.append({"name": name, "numerator": a.label, "denominator": _variant(b.label, kb),
+                         "T": a.temperature, "dataset": ds, "colour_of": a.label, **r})
     return header, rows, data
 
 
@@ -400,6 +408,7 @@ def _figures(arms: list[dict], ratios: list[dict], positions: list[dict], sweep:
         ax.grid(alpha=0.3, axis="y")
     figs["tau"] = fig
 
+    ratios = [r for r in ratios if r["dataset"] == "all"]   # the per-dataset rows are in the table
     fig, ax = plt.subplots(figsize=(7.0, 0.35 * max(len(ratios), 3) + 1.2), dpi=100)
     for y, r in enumerate(reversed(ratios)):
         if r["ratio"] is not None:

@@ -109,8 +109,16 @@ def test_dflash2_over_v1_ratio_pairs_the_common_samples(ablation, built):
     assert 1.0 < lo < hand < hi  # alpha 0.75 vs 0.5: clearly above 1
     assert {x["name"] for x in built["ratios"] if x["T"] == 1.0} == {
         "dflash2 / conv_only", "dflash2 / v1", "conv_only / v1", "dflash2 / dflash2, selector off"}
-    assert f"| dflash2 / v1 | 0 | 30 | {r['tau_num']:.3f} | {r['tau_den']:.3f} | {hand:.3f} [" in \
+    assert f"| dflash2 / v1 | 0 | all | 30 | {r['tau_num']:.3f} | {r['tau_den']:.3f} | {hand:.3f} [" in \
         built["markdown"].read_text()
+    # per dataset: the same ratio over that dataset's common samples only
+    datasets = sorted({r["dataset"] for r in den})
+    assert len(datasets) > 1
+    for ds in datasets:
+        ids = {r["sample_id"] for r in den if r["dataset"] == ds}
+        row = next(x for x in built["ratios"] if x["name"] == "dflash2 / v1" and x["T"] == 0.0 and x["dataset"] == ds)
+        assert row["n"] == len(ids) and row["ratio"] == pytest.approx(
+            _pooled(num, "dflash2@N=7", ids) / _pooled(den, "dflash2@N=7", ids), rel=1e-12)
 
 
 def test_ratio_ci_is_the_stats_bootstrap_when_the_denominator_is_constant(ablation):
