@@ -78,7 +78,7 @@ class TargetModel(nn.Module):
         device: str | torch.device | None = None,
         layer_ids: Sequence[int] | None = None,
         **hf_kwargs,
-    ) -> "TargetModel":
+    ) -> TargetModel:
         """Load a hub id, a local directory, or a GGUF file (`gguf_file=` inside the directory,
         or `name_or_path` pointing at the `.gguf` file itself)."""
         from transformers import AutoModelForCausalLM

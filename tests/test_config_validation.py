@@ -154,7 +154,7 @@ def test_python_construction_and_assignment_raise_the_same_error():
 
 
 # ---------------------------------------------------------------- property tests
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def target_for(vocab: int, hidden: int, layers: int):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 

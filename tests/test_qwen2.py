@@ -37,7 +37,7 @@ def qwen2_spec(vocab: int = VOCAB, tied: bool = False) -> TargetSpec:
                       rope_theta=ROPE_BASE, tie_word_embeddings=tied)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def qwen2_target(vocab: int = VOCAB, tied: bool = False, head_scale: float = 1.0, seed: int = 0):
     """Tiny random `Qwen2ForCausalLM` (fp64) with random QKV biases of scale 0.5."""
     torch.manual_seed(seed)
@@ -105,7 +105,7 @@ ALPHA = 1e-4  # per check; fixed seeds make the outcome deterministic
 PROMPT = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def exact_marginals(temperature: float) -> list[torch.Tensor]:
     """Exact law of each of the first STEPS generated tokens, by enumerating all prefixes."""
     model = qwen2_target(vocab=V, head_scale=10.0)

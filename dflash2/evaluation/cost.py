@@ -106,7 +106,7 @@ class StepCostModel:
         self.fits = dict(sorted(fits.items()))
 
     @classmethod
-    def fit(cls, measurements: Iterable[StepCost], *, min_ctx_spread: float = 0.2) -> "StepCostModel":
+    def fit(cls, measurements: Iterable[StepCost], *, min_ctx_spread: float = 0.2) -> StepCostModel:
         """Weighted non-negative least squares per batch size (sqrt(weight)-scaled rows).
 
         Args:
