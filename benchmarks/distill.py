@@ -110,7 +110,7 @@ def bench(target, bs: int, args, arms: int = 1) -> dict:
            "loss": float(parts[0])}
     if args.profile:
         row["profile"] = profile_steps(step, range(args.warmup + args.steps, steps))
-    del ds, step
+    ds.clear()  # the arms go before empty_cache (`step` reads the name)
     torch.cuda.empty_cache()
     return row
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> str:
 SWEPT = ("vocab_topk", "verify_block", "row_attention", "dynamic_conv")
 
 
-def _sweeps(batches: list[int], bw: float, kernels: set[str] = set(SWEPT)) -> str:
+def _sweeps(batches: list[int], bw: float, kernels: Collection[str] = SWEPT) -> str:
     parts = ["\n#### Tiling sweeps (triton us, CUDA graph)\n"]
     tab = Table(["kernel", "batch", "config", "us", "% roofline"])
 

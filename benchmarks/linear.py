@@ -146,7 +146,6 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     src = torch.randn(nbytes // 4, device="cuda")
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    del src, dst
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
@@ -183,7 +182,7 @@ def bench_shapes(rows: tuple[int, ...], copy_gbs: float, replays: int, sms: int,
                                 kernel_pct_copy=100 * nbytes / t_kernel / 1e3 / copy_gbs,
                                 cublas_pct_copy=100 * nbytes / t_cublas / 1e3 / copy_gbs,
                                 speedup=t_cublas / t_kernel, rel_error=err))
-        del ws
+        ws.clear()  # the weights go before empty_cache (a del would unbind the timed closures' name)
         torch.cuda.empty_cache()
     return results
 
@@ -238,7 +237,8 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
                             kernel_fused_ms=t_fused / 1e3,
                             kernel_fused_pct_copy=100 * nbytes / t_fused / 1e3 / copy_gbs,
                             kernel_between_ms=t_kernel_between / 1e3, cublas_between_ms=t_cublas_between / 1e3))
-    del layers, head
+    layers.clear()  # the weights go before empty_cache (the timed closures read these names)
+    head = None
     torch.cuda.empty_cache()
     return results
 
@@ -294,7 +294,8 @@ def bench_wide_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> li
         results.append(dict(m=m, bytes=nbytes, floor_ms=nbytes / copy_gbs / 1e6,
                             **{f"{k}_ms": v / 1e3 for k, v in t.items()},
                             **{f"{k}_pct_copy": 100 * nbytes / v / 1e3 / copy_gbs for k, v in t.items()}))
-    del layers, head
+    layers.clear()
+    head = None
     torch.cuda.empty_cache()
     return results
 
@@ -324,7 +325,7 @@ def bench_sweep(rows: tuple[int, ...], copy_gbs: float, replays: int, grid_args:
             print(f"sweep {name} {config}: % copy " + " ".join(f"M{m}={p:.1f}" for m, p in pct.items()), flush=True)
         ok = [r for r in results if "us" in r]
         out[name] = dict(n=n, k=k, results=results, best=best_config(ok) if ok else None)
-        del ws
+        ws.clear()
         torch.cuda.empty_cache()
     return out
 
