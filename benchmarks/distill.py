@@ -105,7 +105,8 @@ def bench(target, bs: int, args, arms: int = 1) -> dict:
     dt = time.perf_counter() - t0
     row = {"batch": bs, "arms": arms, "grad_accum": args.grad_accum, "steps_per_s": args.steps / dt,
            "samples_per_s": bs * args.steps / dt,
-           "tokens_per_s": bs * args.length * args.steps / dt, "query_tokens_per_s": bs * args.anchors * 16 * args.steps / dt,
+           "tokens_per_s": bs * args.length * args.steps / dt,
+           "query_tokens_per_s": bs * args.anchors * 16 * args.steps / dt,
            "step_s": dt / args.steps, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
            "loss": float(parts[0])}
     if args.profile:
@@ -187,8 +188,9 @@ def main() -> None:
         if "error" in r:
             table.append(f"| {r['batch']} | {r['arms']} | {r['error']} | | | | | |")
         else:
-            table.append(f"| {r['batch']} | {r['arms']} | {r['steps_per_s']:.2f} | {r['samples_per_s']:.2f} | {r['tokens_per_s']:.0f} | "
-                         f"{r['query_tokens_per_s']:.0f} | {r['step_s']:.3f} | {r['peak_mem_gib']:.1f} |")
+            table.append(f"| {r['batch']} | {r['arms']} | {r['steps_per_s']:.2f} | {r['samples_per_s']:.2f} | "
+                         f"{r['tokens_per_s']:.0f} | {r['query_tokens_per_s']:.0f} | {r['step_s']:.3f} | "
+                         f"{r['peak_mem_gib']:.1f} |")
     md = head + "\n".join(table) + "\n"
     print(md)
     out.mkdir(parents=True, exist_ok=True)

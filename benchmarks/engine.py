@@ -450,8 +450,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "each shape class is paid in an untimed run before the cell")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall seconds from start; later cells are skipped")
     p.add_argument("--exact-impl", choices=["none", "rows", "invariant"], default="none",
-                   help="also run each of our arms in exact mode with this exact_impl (exact_block_size 16, uncompiled); "
-                        "the table gets the cost ratio exact / normal per arm")
+                   help="also run each of our arms in exact mode with this exact_impl (exact_block_size 16, "
+                        "uncompiled); the table gets the cost ratio exact / normal per arm")
     p.add_argument("--out", type=Path, help="Markdown file")
     p.add_argument("--json", type=Path, help="raw numbers (JSON)")
     p.add_argument("--merge", type=Path, nargs="+", help="render --out from these --json files; measure nothing")

@@ -339,12 +339,14 @@ def _print_tables(report: dict) -> None:
           r["kernel_pct_copy"], r["cublas_pct_copy"], r["speedup"]] for r in report["shapes"]]))
     print("\n8B linear stack per step (36 layers x q, k, v, o, gate, up, down + lm_head):\n")
     print(markdown_table(
-        ["M", "kernel ms", "kernel ms, PDL", "kernel ms, no PDL", "cuBLAS ms", "bytes floor ms", "kernel % copy", "cuBLAS % copy",
-         "speedup", "kernel ms, q/k/v fused", "kernel % copy, q/k/v fused", "kernel ms, q/k/v + gate/up fused",
-         "kernel % copy, q/k/v + gate/up fused", "kernel ms, a kernel between", "cuBLAS ms, a kernel between"],
-        [[r["m"], r["kernel_ms"], r["kernel_pdl_ms"], r["kernel_no_pdl_ms"], r["cublas_ms"], r["floor_ms"], r["kernel_pct_copy"],
-          r["cublas_pct_copy"], r["speedup"], r["kernel_fused_qkv_ms"], r["kernel_fused_qkv_pct_copy"],
-          r["kernel_fused_ms"], r["kernel_fused_pct_copy"], r["kernel_between_ms"], r["cublas_between_ms"]]
+        ["M", "kernel ms", "kernel ms, PDL", "kernel ms, no PDL", "cuBLAS ms", "bytes floor ms", "kernel % copy",
+         "cuBLAS % copy", "speedup", "kernel ms, q/k/v fused", "kernel % copy, q/k/v fused",
+         "kernel ms, q/k/v + gate/up fused", "kernel % copy, q/k/v + gate/up fused", "kernel ms, a kernel between",
+         "cuBLAS ms, a kernel between"],
+        [[r["m"], r["kernel_ms"], r["kernel_pdl_ms"], r["kernel_no_pdl_ms"], r["cublas_ms"], r["floor_ms"],
+          r["kernel_pct_copy"], r["cublas_pct_copy"], r["speedup"], r["kernel_fused_qkv_ms"],
+          r["kernel_fused_qkv_pct_copy"], r["kernel_fused_ms"], r["kernel_fused_pct_copy"], r["kernel_between_ms"],
+          r["cublas_between_ms"]]
          for r in report["stack"]]))
     if report.get("wide_stack"):
         print("\n8B linear stack past one row tile (q/k/v and gate/up fused; exact mode's routing):\n")

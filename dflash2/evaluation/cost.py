@@ -383,9 +383,13 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
         _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out)
     inside = sorted(set(out["predicted"]) & set(out["calibrated_on"]))
     out["in_sample"] = bool(inside)
-    out["label"] = "nothing predicted: " + "; ".join(out["skipped"].values()) if not out["predicted"] else (f"in-sample: {len(inside)} of {len(out['predicted'])} predicted arms were also used for "
-                    "calibration (their step costs are fitted to the very wall times they are compared with)"
-                    if inside else "out-of-sample: no predicted arm was used for calibration")
+    if not out["predicted"]:
+        out["label"] = "nothing predicted: " + "; ".join(out["skipped"].values())
+    elif inside:
+        out["label"] = (f"in-sample: {len(inside)} of {len(out['predicted'])} predicted arms were also used for "
+                        "calibration (their step costs are fitted to the very wall times they are compared with)")
+    else:
+        out["label"] = "out-of-sample: no predicted arm was used for calibration"
     return out
 
 
@@ -539,6 +543,6 @@ def add_to_summary(summary: dict, records: list[dict]) -> dict[str, float] | Non
     return predictions
 
 
-__all__ = ["add_to_summary", "AcceptanceProfile", "BatchFit", "FORMULA", "Prediction", "StepCost", "StepCostModel", "TERMS",
-           "best_num_speculative_tokens", "expected_tokens_per_step", "for_report", "from_records",
+__all__ = ["add_to_summary", "AcceptanceProfile", "BatchFit", "FORMULA", "Prediction", "StepCost", "StepCostModel",
+           "TERMS", "best_num_speculative_tokens", "expected_tokens_per_step", "for_report", "from_records",
            "predict_speedup"]

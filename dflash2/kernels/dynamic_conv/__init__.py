@@ -194,7 +194,8 @@ def grouped_dynamic_conv(
     """
     _check(z, base, proj, side, block_len, group_size, residual)
     if out is not None and (out.shape != z.shape or out.dtype != z.dtype):
-        raise ValueError(f"out must be [B, T, H] = {tuple(z.shape)} in {z.dtype}, got {tuple(out.shape)} in {out.dtype}")
+        raise ValueError(f"out must be [B, T, H] = {tuple(z.shape)} in {z.dtype}, "
+                         f"got {tuple(out.shape)} in {out.dtype}")
     if impl == "torch":
         ref = grouped_dynamic_conv_reference(z, base, proj, side, block_len, group_size, residual)
         return ref if out is None else out.copy_(ref)

@@ -222,8 +222,8 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     k, n = x.shape[-1], weight.shape[0]
     rows = x.numel() // k if k else 0
     if not kernel_fits(rows, n, k, x.dtype, max_rows):
-        raise ValueError(f"the small-M kernel takes 1..{max_rows or 'any'} rows of a {DTYPES} input, got {rows} rows of "
-                         f"{x.dtype} (K={k}, N={n}); use impl='torch'")
+        raise ValueError(f"the small-M kernel takes 1..{max_rows or 'any'} rows of a {DTYPES} input, "
+                         f"got {rows} rows of {x.dtype} (K={k}, N={n}); use impl='torch'")
     if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         raise ValueError(f"x, weight and bias must share a dtype, got {x.dtype}, {weight.dtype}, "
                          f"{None if bias is None else bias.dtype}")
