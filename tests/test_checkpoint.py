@@ -85,7 +85,8 @@ def test_codebooks_with_weight_suffix_also_load(tmp_path):
 @pytest.mark.parametrize(
     "kind, name, pattern",
     [
-        ("reshape", "layers.2.mlp_conv.kernel_projection.weight", "layers.2.mlp_conv.kernel_projection.weight' has shape"),
+        ("reshape", "layers.2.mlp_conv.kernel_projection.weight",
+         "layers.2.mlp_conv.kernel_projection.weight' has shape"),
         ("drop", "layers.4.self_attn.k_norm.weight", "layers.4.self_attn.k_norm.weight' .* is missing"),
         ("rename", "fc.weight", "'fc.bias' .* is in the checkpoint but not"),
     ],

@@ -53,7 +53,8 @@ def qwen2_target(vocab: int = VOCAB, tied: bool = False, head_scale: float = 1.0
 
 def random_prompts(n: int, vocab: int = VOCAB, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, vocab - 1, (int(length),), generator=g) for length in torch.randint(3, 14, (n,), generator=g)]
+    lengths = torch.randint(3, 14, (n,), generator=g)
+    return [torch.randint(1, vocab - 1, (int(length),), generator=g) for length in lengths]
 
 
 def test_random_qwen2_has_the_architecture_it_claims():
@@ -116,7 +117,8 @@ def exact_marginals(temperature: float) -> list[torch.Tensor]:
             seqs = torch.cat([PROMPT[None].expand(prefixes.shape[0], -1), prefixes], 1)
             full = weights[:, None] * torch.softmax(model(input_ids=seqs).logits[:, -1] / temperature, -1)
             marg.append(full.sum(0))
-            prefixes = torch.cat([prefixes.repeat_interleave(V, 0), torch.arange(V).repeat(prefixes.shape[0])[:, None]], 1)
+            prefixes = torch.cat([prefixes.repeat_interleave(V, 0),
+                                  torch.arange(V).repeat(prefixes.shape[0])[:, None]], 1)
             weights = full.reshape(-1)
     return marg
 
