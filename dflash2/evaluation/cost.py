@@ -350,8 +350,8 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
     steps: a batch steps until its slowest row is done, and each row r has its own E_r from its
     own acceptance profile (its record in that calibration arm; the pooled profile where it has
     none). The token after prefill is not a step; the last step overshoots by (E - 1) / 2 tokens
-    on average. With the pooled E for every row, batch-32 GSM8K runs on the H200 were predicted
-    25-40% too few steps (docs/RESULTS.md); per-row profiles matched the measured step counts.
+    on average. Each row gets its own E rather than one pooled E for every row because a batch
+    steps until its slowest row is done, which a pooled E under-predicts.
     (5) `best_n` per kind: the N with the highest predicted decode tokens/s (`N`) and the N with
     the highest predicted end-to-end speedup over the AR arm's generations (`N_end_to_end`).
 
