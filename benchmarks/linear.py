@@ -140,7 +140,7 @@ def time_graph_us(fn: Callable[[int], object], calls: int, replays: int) -> floa
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth, bytes read + written per second (GB/s): a 1 GiB fp32
     `copy_` of random data timed eagerly, as `benchmarks.kernels` and the engine bench do (a
-    memcpy node inside a CUDA graph ran at about two thirds of that on the H200)."""
+    memcpy node inside a CUDA graph runs slower, so graph-timed copies are not the floor)."""
     import triton
 
     src = torch.randn(nbytes // 4, device="cuda")
