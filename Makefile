@@ -14,6 +14,7 @@ demo: install
 	$(PY) -m dflash2.demo
 
 test: install
+	$(PY) -m ruff check .
 	$(PY) -m pytest
 
 test-slow: install

@@ -263,7 +263,8 @@ def main(argv=None) -> int:
     lines += ["", f"**{verdict}**: worst |tokens/s error| over N in {valid_n} = {100 * worst:.1f}% "
               f"(target <= {100 * args.tolerance:.0f}%). Total script time {time.time() - t_start:.0f} s.", "",
               "In-sample check (calibration runs, ctx " + str(args.calib_ctx) + "): " + ", ".join(
-                  f"N={n} fit {1e3 * model.predict(args.batch, n, float(np.mean([s['ctx'] for s in cal[n]['steps']]))):.3f}"
+                  f"N={n} fit "
+                  f"{1e3 * model.predict(args.batch, n, float(np.mean([s['ctx'] for s in cal[n]['steps']]))):.3f}"
                   f" / meas {1e3 * float(np.mean([s['s'] for s in cal[n]['steps']])):.3f} ms"
                   for n in [0] + calib_n)]
     text = "\n".join(lines) + "\n"

@@ -435,8 +435,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per cell (steps timed)")
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3,
-                   help="whole calls per timing, every arm (median; HF compile's per-step time moved 8.6-10.3 ms "
-                        "between single-call runs on the H200)")
+                   help="whole calls per timing, every arm (the median: single-call times vary from run to run, "
+                        "HF compile's most)")
     p.add_argument("--part", choices=["1", "2", "3", "all"], default="all")
     p.add_argument("--arms", default="hf_eager,hf_compile,ours", help="subset of hf_eager,hf_compile,ours")
     p.add_argument("--attention-impl", choices=["auto", "torch", "triton"], default="auto",
@@ -450,8 +450,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "each shape class is paid in an untimed run before the cell")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall seconds from start; later cells are skipped")
     p.add_argument("--exact-impl", choices=["none", "rows", "invariant"], default="none",
-                   help="also run each of our arms in exact mode with this exact_impl (exact_block_size 16, uncompiled); "
-                        "the table gets the cost ratio exact / normal per arm")
+                   help="also run each of our arms in exact mode with this exact_impl (exact_block_size 16, "
+                        "uncompiled); the table gets the cost ratio exact / normal per arm")
     p.add_argument("--out", type=Path, help="Markdown file")
     p.add_argument("--json", type=Path, help="raw numbers (JSON)")
     p.add_argument("--merge", type=Path, nargs="+", help="render --out from these --json files; measure nothing")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 
@@ -89,7 +89,8 @@ def _conv_inputs(batch: int, with_residual: bool = False):
     dev, dt = "cuda", torch.bfloat16
     g_count = H // GROUP
     sets = [
-        (torch.randn(batch, Q, H, device=dev, dtype=dt), torch.randn(batch, Q, 2 * TAPS * g_count, device=dev, dtype=dt))
+        (torch.randn(batch, Q, H, device=dev, dtype=dt),
+         torch.randn(batch, Q, 2 * TAPS * g_count, device=dev, dtype=dt))
         + ((torch.randn(batch, Q, H, device=dev, dtype=dt),) if with_residual else ())
         for _ in range(CONV_PER_STEP)
     ]
@@ -110,7 +111,8 @@ def conv_residual_case(batch: int):
     """The finish side with the layer's residual add in its epilogue (one launch), against the
     two launches it replaces (the Triton conv, then PyTorch's add) as the reference column."""
     sets, base, nbytes = _conv_inputs(batch, with_residual=True)
-    tri = [(lambda z=z, p=p, r=r: _grouped_dynamic_conv_triton(z, base, p, 1, Q, GROUP, residual=r)) for z, p, r in sets]
+    tri = [(lambda z=z, p=p, r=r: _grouped_dynamic_conv_triton(z, base, p, 1, Q, GROUP, residual=r))
+           for z, p, r in sets]
     two = [(lambda z=z, p=p, r=r: r + _grouped_dynamic_conv_triton(z, base, p, 1, Q, GROUP)) for z, p, r in sets]
     return tri, two, nbytes, f"z[{batch},{Q},{H}] K{TAPS} g{GROUP} + residual"
 
@@ -358,7 +360,7 @@ def main(argv: list[str] | None = None) -> str:
 SWEPT = ("vocab_topk", "verify_block", "row_attention", "dynamic_conv")
 
 
-def _sweeps(batches: list[int], bw: float, kernels: set[str] = set(SWEPT)) -> str:
+def _sweeps(batches: list[int], bw: float, kernels: Collection[str] = SWEPT) -> str:
     parts = ["\n#### Tiling sweeps (triton us, CUDA graph)\n"]
     tab = Table(["kernel", "batch", "config", "us", "% roofline"])
 

@@ -140,13 +140,12 @@ def time_graph_us(fn: Callable[[int], object], calls: int, replays: int) -> floa
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth, bytes read + written per second (GB/s): a 1 GiB fp32
     `copy_` of random data timed eagerly, as `benchmarks.kernels` and the engine bench do (a
-    memcpy node inside a CUDA graph ran at about two thirds of that on the H200)."""
+    memcpy node inside a CUDA graph runs slower, so graph-timed copies are not the floor)."""
     import triton
 
     src = torch.randn(nbytes // 4, device="cuda")
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    del src, dst
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
@@ -183,7 +182,7 @@ def bench_shapes(rows: tuple[int, ...], copy_gbs: float, replays: int, sms: int,
                                 kernel_pct_copy=100 * nbytes / t_kernel / 1e3 / copy_gbs,
                                 cublas_pct_copy=100 * nbytes / t_cublas / 1e3 / copy_gbs,
                                 speedup=t_cublas / t_kernel, rel_error=err))
-        del ws
+        ws.clear()  # the weights go before empty_cache (a del would unbind the timed closures' name)
         torch.cuda.empty_cache()
     return results
 
@@ -238,7 +237,8 @@ def bench_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> list[di
                             kernel_fused_ms=t_fused / 1e3,
                             kernel_fused_pct_copy=100 * nbytes / t_fused / 1e3 / copy_gbs,
                             kernel_between_ms=t_kernel_between / 1e3, cublas_between_ms=t_cublas_between / 1e3))
-    del layers, head
+    layers.clear()  # the weights go before empty_cache (the timed closures read these names)
+    head = None
     torch.cuda.empty_cache()
     return results
 
@@ -294,7 +294,8 @@ def bench_wide_stack(rows: tuple[int, ...], copy_gbs: float, replays: int) -> li
         results.append(dict(m=m, bytes=nbytes, floor_ms=nbytes / copy_gbs / 1e6,
                             **{f"{k}_ms": v / 1e3 for k, v in t.items()},
                             **{f"{k}_pct_copy": 100 * nbytes / v / 1e3 / copy_gbs for k, v in t.items()}))
-    del layers, head
+    layers.clear()
+    head = None
     torch.cuda.empty_cache()
     return results
 
@@ -324,7 +325,7 @@ def bench_sweep(rows: tuple[int, ...], copy_gbs: float, replays: int, grid_args:
             print(f"sweep {name} {config}: % copy " + " ".join(f"M{m}={p:.1f}" for m, p in pct.items()), flush=True)
         ok = [r for r in results if "us" in r]
         out[name] = dict(n=n, k=k, results=results, best=best_config(ok) if ok else None)
-        del ws
+        ws.clear()
         torch.cuda.empty_cache()
     return out
 
@@ -338,12 +339,14 @@ def _print_tables(report: dict) -> None:
           r["kernel_pct_copy"], r["cublas_pct_copy"], r["speedup"]] for r in report["shapes"]]))
     print("\n8B linear stack per step (36 layers x q, k, v, o, gate, up, down + lm_head):\n")
     print(markdown_table(
-        ["M", "kernel ms", "kernel ms, PDL", "kernel ms, no PDL", "cuBLAS ms", "bytes floor ms", "kernel % copy", "cuBLAS % copy",
-         "speedup", "kernel ms, q/k/v fused", "kernel % copy, q/k/v fused", "kernel ms, q/k/v + gate/up fused",
-         "kernel % copy, q/k/v + gate/up fused", "kernel ms, a kernel between", "cuBLAS ms, a kernel between"],
-        [[r["m"], r["kernel_ms"], r["kernel_pdl_ms"], r["kernel_no_pdl_ms"], r["cublas_ms"], r["floor_ms"], r["kernel_pct_copy"],
-          r["cublas_pct_copy"], r["speedup"], r["kernel_fused_qkv_ms"], r["kernel_fused_qkv_pct_copy"],
-          r["kernel_fused_ms"], r["kernel_fused_pct_copy"], r["kernel_between_ms"], r["cublas_between_ms"]]
+        ["M", "kernel ms", "kernel ms, PDL", "kernel ms, no PDL", "cuBLAS ms", "bytes floor ms", "kernel % copy",
+         "cuBLAS % copy", "speedup", "kernel ms, q/k/v fused", "kernel % copy, q/k/v fused",
+         "kernel ms, q/k/v + gate/up fused", "kernel % copy, q/k/v + gate/up fused", "kernel ms, a kernel between",
+         "cuBLAS ms, a kernel between"],
+        [[r["m"], r["kernel_ms"], r["kernel_pdl_ms"], r["kernel_no_pdl_ms"], r["cublas_ms"], r["floor_ms"],
+          r["kernel_pct_copy"], r["cublas_pct_copy"], r["speedup"], r["kernel_fused_qkv_ms"],
+          r["kernel_fused_qkv_pct_copy"], r["kernel_fused_ms"], r["kernel_fused_pct_copy"], r["kernel_between_ms"],
+          r["cublas_between_ms"]]
          for r in report["stack"]]))
     if report.get("wide_stack"):
         print("\n8B linear stack past one row tile (q/k/v and gate/up fused; exact mode's routing):\n")

@@ -12,7 +12,8 @@ and the peak memory of that GPU. With `--resume CKPT ...` it resumes each given 
 (a run dir holding only a link to it) and trains `--steps` more steps from there.
 
 `run --tiny` swaps in the tiny CPU target/draft of the tests (fp32, dense attention) so every run can be
-dry-run on a CPU machine (gloo processes: `accelerate launch --cpu --num_processes 2 -m benchmarks.multi_distill run --tiny ...`).
+dry-run on a CPU machine (gloo processes:
+`accelerate launch --cpu --num_processes 2 -m benchmarks.multi_distill run --tiny ...`).
 
 Needs torch (CUDA), transformers, accelerate; not hydra, datasets or wandb.
 """
@@ -143,7 +144,8 @@ def cmd_run(args) -> None:
                     draft_params=sum(p.numel() for p in d.model.parameters()))   # DTensor: global numel
         out["parts"].append(part)
         print(f"[{args.name} rank {acc.process_index}] {d.mode}: steps {part['first_step']}.."
-              f"{part['first_step'] + len(part['losses']) - 1}, loss {part['losses'][0]:.4f} -> {part['losses'][-1]:.4f}, "
+              f"{part['first_step'] + len(part['losses']) - 1}, "
+              f"loss {part['losses'][0]:.4f} -> {part['losses'][-1]:.4f}, "
               f"peak {part['peak_alloc_gib']:.1f} GiB", flush=True)
         del d
         acc.free_memory()   # accelerate keeps the prepared model/optimizer (1 process, DDP) until told

@@ -22,8 +22,8 @@ benchmark's models, `benchmarks.engine.build_models`). For each variant of the t
 
 Variants: `base` = the engine without torch.compile; `light` / `full` = `compile_level="light"` /
 `"full"` (`dflash2.engine.compiled`). A compile is in place, so variants run in the order given
-on one set of models until a variant needs another compile level, which gets fresh models. Writes `$OUT/step_profile.json` and
-`$OUT/step_profile.md` after every cell.
+on one set of models until a variant needs another compile level, which gets fresh models. Writes
+`$OUT/step_profile.json` and `$OUT/step_profile.md` after every cell.
 """
 
 from __future__ import annotations
@@ -190,19 +190,21 @@ def graph_ms(target, proposer, ids, n: int, new_tokens: int, **kw) -> dict:
 
 def render(res: dict) -> str:
     lines = ["# Step profile (`python -m benchmarks.step_profile`)", "", res["meta"], ""]
-    lines += ["## Graph ms/step (median of replayed steps)", "", "| variant | batch | arm | N | ms/step | first call s |",
-              "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["## Graph ms/step (median of replayed steps)", "",
+              "| variant | batch | arm | N | ms/step | first call s |", "| --- | --- | --- | --- | --- | --- |"]
     for c in res["graph"]:
         ms = f"{c['ms_step']:.2f}" if "ms_step" in c else c.get("error", "-")
-        lines.append(f"| {c['variant']} | {c['batch']} | {c['arm']} | {c['n']} | {ms} | {c.get('first_call_s', 0):.1f} |")
+        lines.append(f"| {c['variant']} | {c['batch']} | {c['arm']} | {c['n']} | {ms} "
+                     f"| {c.get('first_call_s', 0):.1f} |")
     for p in res["profiles"]:
         loop = "graph-replayed loop" if p.get("loop") == "graphs" else "eager loop"
         lines += ["", f"## Kernels per step, {loop}: {p['variant']}, batch {p['batch']}, {p['arm']} N={p['n']}", "",
                   f"{p['launches']:.0f} launches, {p['gpu_us'] / 1e3:.2f} ms of kernel time per step", ""]
         f = res.get("floor")
         if p["arm"].startswith("draft + select") and f and p["batch"] == 1:
-            lines += [f"{p['gpu_us'] / 1e3 / f['ms']:.3f} x its bytes floor of {f['ms']:.4f} ms (draft {f['draft_gb']:.3f} GB "
-                      f"+ LM head {f['head_gb']:.3f} GB at {f['copy_gbs']:.0f} GB/s, this run's copy bandwidth)", ""]
+            lines += [f"{p['gpu_us'] / 1e3 / f['ms']:.3f} x its bytes floor of {f['ms']:.4f} ms "
+                      f"(draft {f['draft_gb']:.3f} GB + LM head {f['head_gb']:.3f} GB at {f['copy_gbs']:.0f} GB/s, "
+                      "this run's copy bandwidth)", ""]
         lines += ["| family | launches | ms |", "| --- | --- | --- |"]
         lines += [f"| {k} | {v['launches']:.0f} | {v['us'] / 1e3:.3f} |" for k, v in p["families"].items()]
         lines += ["", "| kernel | family | launches | ms |", "| --- | --- | --- | --- |"]
@@ -306,7 +308,8 @@ def main() -> None:
                 save()
     from torch._dynamo.utils import counters
 
-    res["dynamo"] = {"stats": dict(counters["stats"]), "graph_breaks": {k[:200]: v for k, v in counters["graph_break"].items()}}
+    res["dynamo"] = {"stats": dict(counters["stats"]),
+                     "graph_breaks": {k[:200]: v for k, v in counters["graph_break"].items()}}
     res["meta"] += f"; wall {time.perf_counter() - t_start:.0f} s; dynamo {res['dynamo']}"
     save()
 

@@ -392,14 +392,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5, help="oracle mode: timed calls per arm (the bootstrap units)")
     p.add_argument("--limit", type=int, default=64, help="real mode: the first LIMIT GSM8K test questions")
     p.add_argument("--data-source", choices=["auto", "hub", "local"], default="auto",
-                   help="real mode: GSM8K from the hub or the copy shipped in dflash2/data (dflash2.evaluation.datasets)")
+                   help="real mode: GSM8K from the hub or the copy shipped in dflash2/data "
+                        "(dflash2.evaluation.datasets)")
     p.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--arms", default="hf_compile,ours", help="subset of hf_eager,hf_compile,ours (ours required)")
     p.add_argument("--attention-impl", choices=["auto", "torch", "triton"], default="auto",
                    help="our arms' target attention kernel (as in benchmarks.engine)")
     p.add_argument("--linear-impl", choices=["auto", "torch", "triton"], default="torch",
-                   help="our arms' linear layers (as in benchmarks.engine: triton = the small-M kernel; torch = F.linear)")
+                   help="our arms' linear layers (as in benchmarks.engine: triton = the small-M kernel; "
+                        "torch = F.linear)")
     p.add_argument("--compile-level", choices=["none", *COMPILE_LEVELS], default="light",
                    help="our arms' compile_level (dflash2.engine.compiled); paid in the warm-up call")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall seconds from start; later cells are skipped")

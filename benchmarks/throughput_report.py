@@ -147,11 +147,12 @@ def render(run: dict) -> str:
     profiled = [c for c in cells if c.get("profile")]
     if profiled:
         lines += ["", "## One more call per arm under the profiler (`--profile`; a diagnosis, not a figure)", "",
-                  "The arm's warm-up unit once more under `torch.profiler` (its wall includes the profiler's own cost). "
-                  "GPU busy = kernel time / wall; launches and waits are counts of CUDA runtime calls per decoding step.",
+                  "The arm's warm-up unit once more under `torch.profiler` (its wall includes the profiler's own "
+                  "cost). GPU busy = kernel time / wall; launches and waits are counts of CUDA runtime calls per "
+                  "decoding step.",
                   "", "| mode | batch | arm | N | p | steps | wall ms | GPU kernel ms | GPU busy | kernels / step | "
-                  "graph launches / step | host kernel launches / step | syncs / step | copies / step | heaviest host op "
-                  "(self ms) |", "|" + " --- |" * 15]
+                  "graph launches / step | host kernel launches / step | syncs / step | copies / step | "
+                  "heaviest host op (self ms) |", "|" + " --- |" * 15]
         lines += [_profile_row(c) for c in sorted(profiled, key=lambda c: (c["mode"], c["batch"], *_order(c)))]
     return "\n".join(lines) + "\n"
 

@@ -100,7 +100,7 @@ def _weight_files(path: Path) -> list[Path]:
 def expected_tensor_shapes(config: DFlash2Config) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every tensor a checkpoint with this config must hold (the z-lab
     contract: `DFlash2DraftModel`'s state dict, without the non-persistent RoPE buffers)."""
-    H, I, V, hd = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
+    H, inter, V, hd = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
     nh, nkv = config.num_attention_heads, config.num_key_value_heads
     shapes: dict[str, tuple[int, ...]] = {
         "fc.weight": (H, len(config.target_layer_ids) * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
@@ -112,8 +112,8 @@ def expected_tensor_shapes(config: DFlash2Config) -> dict[str, tuple[int, ...]]:
             if config.attention_bias:
                 shapes[f"{p}self_attn.{name}.bias"] = shape[:1]
         shapes.update({f"{p}self_attn.q_norm.weight": (hd,), f"{p}self_attn.k_norm.weight": (hd,),
-                       f"{p}mlp.gate_proj.weight": (I, H), f"{p}mlp.up_proj.weight": (I, H),
-                       f"{p}mlp.down_proj.weight": (H, I), f"{p}input_layernorm.weight": (H,),
+                       f"{p}mlp.gate_proj.weight": (inter, H), f"{p}mlp.up_proj.weight": (inter, H),
+                       f"{p}mlp.down_proj.weight": (H, inter), f"{p}input_layernorm.weight": (H,),
                        f"{p}post_attention_layernorm.weight": (H,)})
         if config.is_dflash2:
             K, G = config.conv_kernel_size, H // config.conv_group_size
@@ -264,7 +264,7 @@ def read_header(f: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (start, stop) = str(info["dtype"]), tuple(int(d) for d in info["shape"]), info["data_offsets"]
+            dtype, shape, (_, stop) = str(info["dtype"]), tuple(int(d) for d in info["shape"]), info["data_offsets"]
             end = max(end, int(stop))
         except (KeyError, TypeError, ValueError) as e:
             raise bad(f"tensor '{name}' has no dtype, shape and data_offsets ({type(e).__name__})") from e

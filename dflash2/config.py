@@ -276,7 +276,8 @@ def _check_top_level(v: dict[str, Any]) -> None:
         _int_field("num_target_layers", v["num_target_layers"], 1, t["num_target_layers"])
     dtype = v.get("dtype")
     if dtype is not None and str(dtype).removeprefix("torch.") not in _FLOAT_DTYPES:
-        _fail("dtype", f"{dtype!r} is not a floating-point dtype (draft weights are real-valued)", f"write {t['dtype']}")
+        _fail("dtype", f"{dtype!r} is not a floating-point dtype (draft weights are real-valued)",
+              f"write {t['dtype']}")
 
 
 def _check_dflash(dc: Any, *, v2: bool, hidden: int, vocab: int, n_target: int | None) -> None:

@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-dir", default=None, help="default: outputs/quickstart/<timestamp>")
     ap.add_argument("--preset", default=None, help="quickstart (CPU) or quickstart_gpu; default by device")
     ap.add_argument("--target", default=None,
-                    help=f"a configs/target/ name; default {QWEN_TARGET} on CUDA with its parts installed, else {SMALL_TARGET}")
+                    help=f"a configs/target/ name; default {QWEN_TARGET} on CUDA with its parts installed, "
+                         f"else {SMALL_TARGET}")
     args = ap.parse_args(argv)
     from dflash2.assets import split_gguf_available
 

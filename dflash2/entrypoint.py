@@ -34,9 +34,9 @@ import os
 import re
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 DEBUG_ENV = "DFLASH2_DEBUG"
 USER_ERROR_STATUS = 2

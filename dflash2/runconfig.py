@@ -199,7 +199,8 @@ def check_hardware_spec(spec: HardwareSpec) -> None:
     _need(spec.mixed_precision in ("no", "bf16"), f"hardware.mixed_precision={spec.mixed_precision!r}: use no or bf16")
     _need(spec.num_threads is None or spec.num_threads >= 1,
           f"hardware.num_threads={spec.num_threads}: use >= 1, or null for torch's default")
-    _need(spec.distributed in ("auto", "ddp", "fsdp"), f"hardware.distributed={spec.distributed!r}: use auto, ddp or fsdp")
+    _need(spec.distributed in ("auto", "ddp", "fsdp"),
+          f"hardware.distributed={spec.distributed!r}: use auto, ddp or fsdp")
 
 
 def check_shared_specs(cfg) -> None:

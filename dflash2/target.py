@@ -78,7 +78,7 @@ class TargetModel(nn.Module):
         device: str | torch.device | None = None,
         layer_ids: Sequence[int] | None = None,
         **hf_kwargs,
-    ) -> "TargetModel":
+    ) -> TargetModel:
         """Load a hub id, a local directory, or a GGUF file (`gguf_file=` inside the directory,
         or `name_or_path` pointing at the `.gguf` file itself)."""
         from transformers import AutoModelForCausalLM
@@ -134,8 +134,8 @@ class TargetModel(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Input embeddings `E_in[ids]` `[..., H]` (with any model-specific input scale applied by
         the HF embedding module itself). A plain `nn.Embedding` (no `max_norm`; weights not being
-        trained) is read as `weight[ids]`: the same rows, bit for bit, in one gather kernel (`F.embedding`'s
-        small-index kernel took 7.8 us for the draft's 16 rows of 4096 on the H200)."""
+        trained) is read as `weight[ids]`: the same rows, bit for bit, in one gather kernel instead
+        of `F.embedding`'s small-index kernel."""
         emb = self.model.get_input_embeddings()
         if (type(emb) is nn.Embedding and emb.max_norm is None
                 and not (torch.is_grad_enabled() and emb.weight.requires_grad)):

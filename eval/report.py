@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--train", nargs="+", default=None, metavar="DIR",
                     help="with --compare: distillation runs (default: those that wrote the compared checkpoints)")
     ap.add_argument("--out", type=Path, default=None, help="with --compare: output directory (required)")
-    ap.add_argument("--n", type=int, default=None, help="with --compare: N of the compared arms (default: largest common)")
+    ap.add_argument("--n", type=int, default=None,
+                    help="with --compare: N of the compared arms (default: largest common)")
     ap.add_argument("--same-tokens", nargs=2, type=Path, metavar=("RUN_A", "RUN_B"),
                     help="check that two runs generated the same tokens per (arm, sample); writes nothing")
     ap.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
@@ -151,7 +152,8 @@ def compare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
                            n_resamples=args.n_resamples, seed=args.seed)
     except (FileNotFoundError, ValueError) as e:
         ap.exit(2, f"eval/report.py --compare: {e}\n")
-    print(f"comparison: {res['markdown']}\nnumbers:    {res['json']}\nfigures:    {', '.join(map(str, res['figures'].values()))}")
+    figures = ", ".join(map(str, res["figures"].values()))
+    print(f"comparison: {res['markdown']}\nnumbers:    {res['json']}\nfigures:    {figures}")
     return res
 
 

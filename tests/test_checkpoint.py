@@ -37,10 +37,10 @@ def scaled_config() -> DFlash2Config:
 
 def write_scaled_fixture_checkpoint(path, cfg: DFlash2Config, *, drop=None, reshape=None, rename=None):
     """Safetensors whose names are exactly the fixture header's, shapes scaled to `cfg`."""
-    H, I, V, R = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.selector_rank
+    H, inter, V, R = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.selector_rank
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     G = H // cfg.conv_group_size
-    scale = {6656: H, 33280: 5 * H, 4096: nh * hd, 1024: nkv * hd, 128: hd, 19968: I, 1664: 2 * 2 * G,
+    scale = {6656: H, 33280: 5 * H, 4096: nh * hd, 1024: nkv * hd, 128: hd, 19968: inter, 1664: 2 * 2 * G,
              256: R, 202048: V, 2: 2}
     g = torch.Generator().manual_seed(0)
     tensors = {}
@@ -85,7 +85,8 @@ def test_codebooks_with_weight_suffix_also_load(tmp_path):
 @pytest.mark.parametrize(
     "kind, name, pattern",
     [
-        ("reshape", "layers.2.mlp_conv.kernel_projection.weight", "layers.2.mlp_conv.kernel_projection.weight' has shape"),
+        ("reshape", "layers.2.mlp_conv.kernel_projection.weight",
+         "layers.2.mlp_conv.kernel_projection.weight' has shape"),
         ("drop", "layers.4.self_attn.k_norm.weight", "layers.4.self_attn.k_norm.weight' .* is missing"),
         ("rename", "fc.weight", "'fc.bias' .* is in the checkpoint but not"),
     ],

@@ -154,7 +154,7 @@ def test_python_construction_and_assignment_raise_the_same_error():
 
 
 # ---------------------------------------------------------------- property tests
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def target_for(vocab: int, hidden: int, layers: int):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -186,7 +186,8 @@ def valid_configs(draw) -> dict:
             dc[name] = draw(strategy)
     raw = dict(architectures=["DFlash2DraftModel" if v2 else "DFlashDraftModel"], model_type="qwen3",
                hidden_size=hidden, intermediate_size=draw(st.integers(1, 3)) * hidden, num_hidden_layers=layers,
-               num_attention_heads=heads, num_key_value_heads=draw(st.sampled_from([k for k in (1, 2, 4) if heads % k == 0])),
+               num_attention_heads=heads,
+               num_key_value_heads=draw(st.sampled_from([k for k in (1, 2, 4) if heads % k == 0])),
                head_dim=draw(st.sampled_from([2, 4, 8])), vocab_size=vocab, num_target_layers=n_target,
                rms_norm_eps=draw(st.floats(1e-6, 1e-3)), max_position_embeddings=256, use_sliding_window=True,
                sliding_window=draw(st.integers(1, 12)), attention_bias=draw(st.booleans()),

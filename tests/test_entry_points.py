@@ -231,7 +231,8 @@ def test_failed_checks_line_names_each_failure_and_skips_what_passed():
     from dflash2.evaluation.runner import failed_checks_line
 
     checks = {"oracle_mean_accepted_per_step": {"oracle@3": 0.5},
-              "oracle_min_accepted": {"threshold": 1.0, "passed": False, "not_checked": [], "measured": {"oracle@3": 0.5}},
+              "oracle_min_accepted": {"threshold": 1.0, "passed": False, "not_checked": [],
+                                      "measured": {"oracle@3": 0.5}},
               "draft_min_accepted": {"threshold": 3.0, "passed": False, "not_checked": ["spec@1", "spec@3"],
                                      "measured": {"spec@1": 0.4, "spec@3": 1.1}},
               "identical_to_ar": {"records": 8, "differing": ["spec@3:g/0", "spec@3:g/1", "spec@7:g/0", "spec@7:g/1"],

@@ -51,7 +51,8 @@ def expect(pattern: str, **kw):
 
 
 # ---------------------------------------------------------------- the table, rows 1-2
-@pytest.mark.parametrize("bad, where", [(V, "row 1, position 2"), (-1, "row 1, position 2"), (10**6, "row 1, position 2")])
+@pytest.mark.parametrize("bad, where", [(V, "row 1, position 2"), (-1, "row 1, position 2"),
+                                        (10**6, "row 1, position 2")])
 def test_out_of_vocabulary_ids_name_row_position_value_and_limit(bad, where):
     msg = expect(rf"input_ids {where}: token id {bad} ", input_ids=((1, 2), (3, 4, bad, 5)))
     assert f"[0, {V})" in msg and "tokenizer" in msg

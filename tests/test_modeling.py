@@ -68,7 +68,8 @@ def test_each_sublayer_adds_its_residual_inside_the_finish_conv(monkeypatch, gra
     model = randomize_(DFlash2DraftModel(tiny_draft_config(v2=True)), seed=4)
     calls, real = [], conv_mod.grouped_dynamic_conv
     monkeypatch.setattr(conv_mod, "grouped_dynamic_conv",
-                        lambda *a, residual=None, **k: calls.append((a[3], residual is not None)) or real(*a, residual=residual, **k))
+                        lambda *a, residual=None, **k: calls.append((a[3], residual is not None))
+                        or real(*a, residual=residual, **k))
     pos, noise, th = _inputs(model.config)
     noise.requires_grad_(grad)
     with torch.set_grad_enabled(grad):

@@ -89,5 +89,6 @@ def test_package_data_installs_every_shipped_file():
     shipped = {p.relative_to(data.DATA_DIR) for p in data.DATA_DIR.rglob("*")
                if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts}
     entries = manifest().values()
-    assert {Path(e["file"]) for e in entries} | {Path(e["license"]) for e in entries} | {Path("MANIFEST.json")} <= shipped
+    listed = {Path(e["file"]) for e in entries} | {Path(e["license"]) for e in entries} | {Path("MANIFEST.json")}
+    assert listed <= shipped
     assert all(any(p.match(g) for g in globs) for p in shipped), shipped

@@ -37,7 +37,7 @@ def qwen2_spec(vocab: int = VOCAB, tied: bool = False) -> TargetSpec:
                       rope_theta=ROPE_BASE, tie_word_embeddings=tied)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def qwen2_target(vocab: int = VOCAB, tied: bool = False, head_scale: float = 1.0, seed: int = 0):
     """Tiny random `Qwen2ForCausalLM` (fp64) with random QKV biases of scale 0.5."""
     torch.manual_seed(seed)
@@ -53,7 +53,8 @@ def qwen2_target(vocab: int = VOCAB, tied: bool = False, head_scale: float = 1.0
 
 def random_prompts(n: int, vocab: int = VOCAB, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, vocab - 1, (int(length),), generator=g) for length in torch.randint(3, 14, (n,), generator=g)]
+    lengths = torch.randint(3, 14, (n,), generator=g)
+    return [torch.randint(1, vocab - 1, (int(length),), generator=g) for length in lengths]
 
 
 def test_random_qwen2_has_the_architecture_it_claims():
@@ -105,7 +106,7 @@ ALPHA = 1e-4  # per check; fixed seeds make the outcome deterministic
 PROMPT = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def exact_marginals(temperature: float) -> list[torch.Tensor]:
     """Exact law of each of the first STEPS generated tokens, by enumerating all prefixes."""
     model = qwen2_target(vocab=V, head_scale=10.0)
@@ -116,7 +117,8 @@ def exact_marginals(temperature: float) -> list[torch.Tensor]:
             seqs = torch.cat([PROMPT[None].expand(prefixes.shape[0], -1), prefixes], 1)
             full = weights[:, None] * torch.softmax(model(input_ids=seqs).logits[:, -1] / temperature, -1)
             marg.append(full.sum(0))
-            prefixes = torch.cat([prefixes.repeat_interleave(V, 0), torch.arange(V).repeat(prefixes.shape[0])[:, None]], 1)
+            prefixes = torch.cat([prefixes.repeat_interleave(V, 0),
+                                  torch.arange(V).repeat(prefixes.shape[0])[:, None]], 1)
             weights = full.reshape(-1)
     return marg
 

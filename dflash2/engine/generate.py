@@ -15,63 +15,23 @@ through the same code. The token after the prompt comes from the prefill logits 
 `verify_block` call with N = 0, so AR and speculative runs share every sampling rule.
 
 Stopping is per row: `max_new_tokens` caps each row, and a stop token inside an accepted run
-truncates the row right after it. Finished rows keep riding along in the batch (static
-shapes) but commit nothing. The step's bookkeeping (lengths, budgets, stop tokens, finished
-flags, the commit) stays on the device, in the state's buffers; the host learns of it from one
-`[REPORT_ROWS, B]` report per step, copied into pinned memory without blocking, and reads step
-k's report while step k+1 runs (`dflash2.engine.reports`, `_run_steps`): the host never blocks
-on the step it just launched, except on a step expected to finish the call, and the cyclic
-garbage collector stays off during the loop (`collector_paused`), so no collection stalls the
-host there. The step body works in place on static buffers and has no host sync (the draft
-cache's capacity check is skipped under capture), so on CUDA it replays from CUDA graphs, one
-per K/V bucket (`dflash2.engine.graphs`; `graphs=False` for the eager loop). The state the step
-works on (`dflash2.engine.state.DecodeState`) has a batch-bucket row count on the graph path and
-is kept on the target, graphs included, for the next call with the same settings.
+truncates the row right after it; finished rows stay in the batch but commit nothing.
 
 What each mode guarantees:
-- greedy, normal mode: the output is the target's greedy path as this engine computes it. In
-  fp32 it equals AR's; in bf16 a verify block's kernels may flip a 0-1 ulp top-2 tie, so a
-  speculative row can leave the AR row there (eval/run.py records each departure with its margin);
+- greedy, normal mode (`exact=False`, the default): the output is the target's greedy path as
+  this engine computes it. In fp32 it equals AR's; in bf16 a verify block's kernels may flip a
+  0-1 ulp top-2 tie, so a speculative row can leave the AR row there (eval/run.py records each
+  departure with its margin);
 - sampled (T > 0), any mode: every token follows the target's distribution (speculative
   sampling; tests/engine/test_sampling.py checks it statistically);
-- greedy, exact mode: speculative output equals the exact AR output of the same
+- greedy, exact mode (`exact=True`): speculative output equals the exact AR output of the same
   `exact_block_size` bit for bit, in any dtype, and each batch row equals the same prompt run
-  alone; both `exact_impl`s are proven on the H200 in bf16 at the Qwen3-8B shape, with an
-  accepting oracle at N = 3, 7 and 15 and batches 1 and 8 (tests/gpu/test_exact_mode.py).
+  alone, for both `exact_impl`s (`"rows"`; `"invariant"`, the default on CUDA);
+  tests/gpu/test_exact_mode.py checks it in bf16 at the Qwen3-8B shape.
 
-Exact mode (`exact=True`): in bf16 on a GPU a 16-token verify runs other GEMM and attention
-shapes than a 1-token decode, so top-2 near-ties (0-1 bf16 ulp apart) can flip and greedy
-speculative output can leave the AR path without any bug. Exact mode makes every target forward
-identical in shape whatever N and whoever shares the batch:
-- every target forward runs row by row, each with the shapes of a batch of one (the cache hands
-  the forward a one-row view of its buffers): the prompt at its own length, later blocks as
-  below, so no kernel sees the other rows (GEMMs may change algorithm with the row count);
-- every later forward, AR and verify alike, runs over a block padded to `exact_block_size`
-  slots ([anchor, d_1..d_N, pad...]; the pad slots write K/V past the committed length, which
-  the next block overwrites before anything reads it, and their logits are dropped);
-- attention always sees the whole static K/V buffer, its length rounded up to a bucket of
-  `EXACT_KV_BUCKET` slots (the same masked tail for every step and every batch whose rows fit
-  the bucket), and on CUDA it runs the memory-efficient SDPA kernel, which loops over the keys
-  of each row and head in one order (dflash2.engine.cache.row_attention).
-A token's hidden states then come from the same kernels whether it sat at slot 0 of an AR block
-or slot j of a verify block, provided the GEMMs treat the W rows of a block alike whatever slot a
-token occupies (measured so on the H200); the GPU test `tests/gpu/test_exact_mode.py` checks
-the end result. That is `exact_impl="rows"`: a padded forward per AR step and B one-row forwards
-per step instead of one batched forward, eagerly.
-
-`exact_impl="invariant"` (the default on CUDA) keeps the row-by-row prefill and runs each later
-step as one batched forward at the block's own width (1 for AR, N + 1 for a verify: no padding),
-replayed from CUDA graphs like the normal step, through kernels whose per-token result does not
-depend on the number of rows, the other rows, the block's width or the K/V bucket: every linear
-through the small-M kernel (`dflash2.kernels.linear`, fixed tiles of 32 rows and a fixed
-reduction order, any row count), attention through the row-attention kernel with key splits at
-fixed absolute slots (`EXACT_SPLIT_KEYS`) and a query tile fixed by `exact_block_size`
-(`tile_queries`, `dflash2.kernels.row_attention`), and the norms' mean through a per-row
-fixed-order reduction (`dflash2.kernels.row_mean`). `exact_block_size` is then the widest block
-the compared runs verify (the tile must hold it, at most 64 queries; a K/V head's query heads share
-the tile in head groups when they do not all fit), not a padding. Elementwise kernels (RoPE, activations,
-residuals, casts) and gathers are per element, so the same inputs give the same bits. Off by
-default (`exact=False`).
+On CUDA the step replays from CUDA graphs (`graphs=False`: the eager loop). How the loop keeps
+the host off the step's critical path, and how each exact mode makes every target forward
+independent of N and of the batch: docs/ARCHITECTURE.md, "Engine loop".
 """
 
 from __future__ import annotations

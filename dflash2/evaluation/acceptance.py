@@ -47,7 +47,7 @@ class AcceptanceProfile:
     extended_from: int | None = None  # set when positions beyond the measured ones were filled in
 
     @classmethod
-    def from_unconditional(cls, unconditional: Sequence[float], source: str = "") -> "AcceptanceProfile":
+    def from_unconditional(cls, unconditional: Sequence[float], source: str = "") -> AcceptanceProfile:
         """From `u_i = P(>= i accepted)` (what `stats.per_position_acceptance` reports):
         `a_i = u_i / u_{i-1}` (`engine.stats.conditional_acceptance`); after a position with
         `u = 0` every `a` is 0. Raises ValueError for a missing `u` or one outside [0, 1]."""
@@ -56,7 +56,7 @@ class AcceptanceProfile:
         return cls(tuple(conditional_acceptance(unconditional)), source)
 
     @classmethod
-    def from_accepted(cls, accepted: Iterable[Iterable[int]], n: int, source: str = "") -> "AcceptanceProfile":
+    def from_accepted(cls, accepted: Iterable[Iterable[int]], n: int, source: str = "") -> AcceptanceProfile:
         """Pooled over all steps of per-row accepted counts (each in 0..n)."""
         accepted = [list(row) for row in accepted]
         if not any(accepted):
@@ -64,7 +64,7 @@ class AcceptanceProfile:
         return cls.from_unconditional(per_position_acceptance(accepted, n), source)
 
     @classmethod
-    def pooled(cls, accepted_by_n: dict[int, Iterable[Iterable[int]]], source: str = "") -> "AcceptanceProfile":
+    def pooled(cls, accepted_by_n: dict[int, Iterable[Iterable[int]]], source: str = "") -> AcceptanceProfile:
         """Conditional rates pooled over runs at several N: `a_i` = steps accepting >= i / steps
         accepting >= i - 1, over the runs with N >= i (valid when a slot's acceptance does not
         depend on N, as for the oracle proposer; more steps per position than one run gives).
@@ -87,7 +87,7 @@ class AcceptanceProfile:
     def unconditional(self) -> list[float]:
         return list(np.cumprod(self.conditional)) if self.conditional else []
 
-    def extended(self, n: int) -> "AcceptanceProfile":
+    def extended(self, n: int) -> AcceptanceProfile:
         """Profile with at least `n` positions, repeating the last measured conditional rate (flagged)."""
         if n <= len(self.conditional):
             return self

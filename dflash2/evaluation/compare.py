@@ -327,7 +327,8 @@ def sweep_table(runs: list[ComparedRun]) -> tuple[list, list, list[dict]]:
             arm = _arm_at(run, "spec", n)
             o = run.summary["per_arm"][arm]["overall"]
             pred = run.predictions.get(arm)
-            rows.append([run.label, f"{run.temperature:g}", str(n), _with_ci(o.get("tau_pooled"), o.get("tau_pooled_ci")),
+            rows.append([run.label, f"{run.temperature:g}", str(n),
+                         _with_ci(o.get("tau_pooled"), o.get("tau_pooled_ci")),
                          _with_ci(o.get("speedup"), o.get("speedup_ci")), _num(pred)])
             data.append({"drafter": run.label, "T": run.temperature, "N": n, "tau": o.get("tau_pooled"),
                          "tau_ci": o.get("tau_pooled_ci"), "speedup": o.get("speedup"),

@@ -106,7 +106,7 @@ class StepCostModel:
         self.fits = dict(sorted(fits.items()))
 
     @classmethod
-    def fit(cls, measurements: Iterable[StepCost], *, min_ctx_spread: float = 0.2) -> "StepCostModel":
+    def fit(cls, measurements: Iterable[StepCost], *, min_ctx_spread: float = 0.2) -> StepCostModel:
         """Weighted non-negative least squares per batch size (sqrt(weight)-scaled rows).
 
         Args:
@@ -350,8 +350,8 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
     steps: a batch steps until its slowest row is done, and each row r has its own E_r from its
     own acceptance profile (its record in that calibration arm; the pooled profile where it has
     none). The token after prefill is not a step; the last step overshoots by (E - 1) / 2 tokens
-    on average. With the pooled E for every row, batch-32 GSM8K runs on the H200 were predicted
-    25-40% too few steps (docs/RESULTS.md); per-row profiles matched the measured step counts.
+    on average. Each row gets its own E rather than one pooled E for every row because a batch
+    steps until its slowest row is done, which a pooled E under-predicts.
     (5) `best_n` per kind: the N with the highest predicted decode tokens/s (`N`) and the N with
     the highest predicted end-to-end speedup over the AR arm's generations (`N_end_to_end`).
 
@@ -383,9 +383,13 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
         _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out)
     inside = sorted(set(out["predicted"]) & set(out["calibrated_on"]))
     out["in_sample"] = bool(inside)
-    out["label"] = "nothing predicted: " + "; ".join(out["skipped"].values()) if not out["predicted"] else (f"in-sample: {len(inside)} of {len(out['predicted'])} predicted arms were also used for "
-                    "calibration (their step costs are fitted to the very wall times they are compared with)"
-                    if inside else "out-of-sample: no predicted arm was used for calibration")
+    if not out["predicted"]:
+        out["label"] = "nothing predicted: " + "; ".join(out["skipped"].values())
+    elif inside:
+        out["label"] = (f"in-sample: {len(inside)} of {len(out['predicted'])} predicted arms were also used for "
+                        "calibration (their step costs are fitted to the very wall times they are compared with)")
+    else:
+        out["label"] = "out-of-sample: no predicted arm was used for calibration"
     return out
 
 
@@ -539,6 +543,6 @@ def add_to_summary(summary: dict, records: list[dict]) -> dict[str, float] | Non
     return predictions
 
 
-__all__ = ["add_to_summary", "AcceptanceProfile", "BatchFit", "FORMULA", "Prediction", "StepCost", "StepCostModel", "TERMS",
-           "best_num_speculative_tokens", "expected_tokens_per_step", "for_report", "from_records",
+__all__ = ["add_to_summary", "AcceptanceProfile", "BatchFit", "FORMULA", "Prediction", "StepCost", "StepCostModel",
+           "TERMS", "best_num_speculative_tokens", "expected_tokens_per_step", "for_report", "from_records",
            "predict_speedup"]

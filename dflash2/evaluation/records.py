@@ -122,7 +122,7 @@ class Record:
             raise ValueError(f"{where}: {len(self.accepted)} accepted counts for {self.steps} steps")
 
     @classmethod
-    def from_json(cls, row: Mapping[str, Any]) -> "Record":
+    def from_json(cls, row: Mapping[str, Any]) -> Record:
         """The record of a JSON dict. Raises ValueError naming the record when `row` has a field
         `Record` does not define or lacks a required one (see `REQUIRED`)."""
         where = f"record (arm={row.get('arm')!r}, sample_id={row.get('sample_id')!r})"

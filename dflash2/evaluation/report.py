@@ -176,7 +176,8 @@ def identity_line(summary: dict) -> str | None:
         return (f"Sampled (T = {', '.join(f'{t:g}' for t in temps)}): outputs follow the target's distribution "
                 f"and are not compared token by token; {mode}.")
     n, bad = int(ident["records"]), int(ident.get("n_differing", 0))
-    verdict = "all bit-identical to the AR arm" if bad == 0 else f"{n - bad} bit-identical to the AR arm, {bad} departed"
+    verdict = ("all bit-identical to the AR arm" if bad == 0
+               else f"{n - bad} bit-identical to the AR arm, {bad} departed")
     tail = "" if bad == 0 or summary.get("exact") else " (bf16 near-ties flip without exact mode; see the departures)"
     return f"Greedy: {n} speculative records, {verdict}; {mode}{tail}."
 
@@ -469,7 +470,8 @@ def _sections(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         d = (o.get("mcnemar") or {}).get("discordant") or {}
         disc += [[arm, sid, "arm only"] for sid in d.get("only_arm_correct", [])]
         disc += [[arm, sid, "AR only"] for sid in d.get("only_ar_correct", [])]
-        deps += [[arm, x["sample_id"], str(x.get("position")), fmt_value(x.get("margin"), 4)] for x in o.get("departures", [])]
+        deps += [[arm, x["sample_id"], str(x.get("position")), fmt_value(x.get("margin"), 4)]
+                 for x in o.get("departures", [])]
     checks = summary.get("checks") or {}
     check_rows = [[k, {True: "passed", False: "FAILED"}.get(v.get("passed"), "-") if isinstance(v, dict) else "-",
                    json.dumps(v, default=str)[:300]] for k, v in checks.items()]

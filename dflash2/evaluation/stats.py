@@ -26,8 +26,9 @@ tests. The conventions, also written into every summary under `"conventions"`:
 - At T > 0, TOST on the target's mean per-token log-probability of the generated text vs AR
   within +-`logprob_margin` nats/token: a distribution-level losslessness check without a scorer.
 
-Public: `mcnemar_exact`, `tost_paired`, `mcnemar_min_discordant`, `tost_min_pairs`, `paired_bootstrap_ci`, `bootstrap_ci`, `mcnemar_mde`,
-`acceptance`, `batch_key`, `batch_totals`, `summarize`, `conventions`, `to_jsonable`.
+Public: `mcnemar_exact`, `tost_paired`, `mcnemar_min_discordant`, `tost_min_pairs`, `paired_bootstrap_ci`,
+`bootstrap_ci`, `mcnemar_mde`, `acceptance`, `batch_key`, `batch_totals`, `summarize`, `conventions`,
+`to_jsonable`.
 """
 
 from __future__ import annotations

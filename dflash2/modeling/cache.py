@@ -25,7 +25,7 @@ class StepSlots:
     entry shares a readable slot with another of its row and the cache ends, in slots
     `0 .. max_len - 1`, as the context write followed by the block write leaves it."""
 
-    def __init__(self, cache: "DraftContextCache", counts: torch.Tensor, first_blk: torch.Tensor, c: int, q: int):
+    def __init__(self, cache: DraftContextCache, counts: torch.Tensor, first_blk: torch.Tensor, c: int, q: int):
         self.ctx = cache.slots_for(c)
         self.blk = first_blk[:, None] + cache.arange(q)
         self._cache, self._counts = cache, counts
@@ -67,7 +67,7 @@ class DraftContextCache:
         self.max_len = max_len
 
     @classmethod
-    def for_model(cls, model, batch_size: int, max_len: int, *, dtype=None, device=None) -> "DraftContextCache":
+    def for_model(cls, model, batch_size: int, max_len: int, *, dtype=None, device=None) -> DraftContextCache:
         cfg = model.config
         p = next(model.parameters())
         device = device or p.device

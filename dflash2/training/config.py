@@ -120,7 +120,7 @@ def check_data_spec(spec: DataSpec) -> None:
           f"data.regenerated={spec.regenerated}: no such file (make one with train/regenerate.py)")
 
 
-def check_distill_config(cfg: "DistillConfig") -> None:
+def check_distill_config(cfg: DistillConfig) -> None:
     """Every range check of a distillation config, before any work (the shared groups, `data`,
     `train`, `init_from`). Raises `ValueError` naming the field."""
     from dflash2.runconfig import check_shared_specs

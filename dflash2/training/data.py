@@ -50,11 +50,12 @@ class DataSpec:
     become training sequences.
 
     `source`: `gsm8k` (GSM8K as shipped in `dflash2.data`, or the file in `path`; a split the
-    package does not ship comes from hub `openai/gsm8k`), `jsonl` (a local JSONL of conversations or prompts in `path`), `hub` (a hub
-    dataset name, or a local dataset directory, in `path`), `stdlib` (code and instruction prompts
-    built from the Python standard library, offline: `dflash2.training.stdlib_prompts`), or
-    `gsm8k+stdlib` (both offline sources, rows taken one from each in turn, so that any
-    `limit` is half math and half code; column `prompt`, ids `gsm8k/<row>` and `stdlib/...`).
+    package does not ship comes from hub `openai/gsm8k`), `jsonl` (a local JSONL of conversations
+    or prompts in `path`), `hub` (a hub dataset name, or a local dataset directory, in `path`),
+    `stdlib` (code and instruction prompts built from the Python standard library, offline:
+    `dflash2.training.stdlib_prompts`), or `gsm8k+stdlib` (both offline sources, rows taken one
+    from each in turn, so that any `limit` is half math and half code; column `prompt`, ids
+    `gsm8k/<row>` and `stdlib/...`).
     `regenerated`: a JSONL made by `train/regenerate.py`; None = regenerate into
     `<output_dir>/data/regenerated.jsonl` (resumable) before training.
     """

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def distributed_mode(hardware, accelerator) -> str:

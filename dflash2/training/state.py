@@ -7,13 +7,13 @@ Each checkpoint directory holds
 and is written to `step_<n>.tmp` first, fsynced and renamed, so a kill mid-write never leaves a
 half checkpoint that resume would pick (`torn_checkpoints` names what resume skips).
 Everything is saved from the unwrapped model and rank 0's optimizer (DDP replicas are
-identical), so a checkpoint written on 2 processes resumes on 1 and vice versa. Under FSDP the trainer gathers the full model and optimizer
-state first and saves the same files: the optimizer state is always the index-keyed form of
-`torch.optim.Optimizer.state_dict()` (`optimizer_state_by_index` converts the name-keyed
-form of `torch.distributed.checkpoint.state_dict` to it, `optimizer_state_by_name` back),
-so checkpoints move freely between 1 process, DDP and FSDP. The data position needs no RNG:
-the batch order and anchors are functions of (seed, epoch, index)
-(`dflash2.training.layout.anchor_seed`).
+identical), so a checkpoint written on 2 processes resumes on 1 and vice versa. Under FSDP the
+trainer gathers the full model and optimizer state first and saves the same files: the optimizer
+state is always the index-keyed form of `torch.optim.Optimizer.state_dict()`
+(`optimizer_state_by_index` converts the name-keyed form of `torch.distributed.checkpoint.state_dict`
+to it, `optimizer_state_by_name` back), so checkpoints move freely between 1 process, DDP and
+FSDP. The data position needs no RNG: the batch order and anchors are functions of
+(seed, epoch, index) (`dflash2.training.layout.anchor_seed`).
 """
 
 from __future__ import annotations

@@ -201,5 +201,6 @@ def test_cli_refuses_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "eval" / "report.py"), "--compare", str(tmp_path / "nope"),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"eval/report.py --compare: {tmp_path / 'nope' / 'records.jsonl'} does not exist; "
+    missing = tmp_path / "nope" / "records.jsonl"
+    assert proc.stderr.strip().splitlines() == [f"eval/report.py --compare: {missing} does not exist; "
                                                 "pass a run directory that eval/run.py wrote"]

@@ -240,7 +240,7 @@ def test_end_to_end_prediction_counts_batch_stragglers():
         v = res["arms"][arm]
         assert v["predicted_speedup"] == pytest.approx(v["measured_speedup"], rel=0.08), arm
         # what one pooled E per row predicts: a batch of B rows needs max(tokens - 1) / E steps
-        n, e = v["N"], prof.extended(v["N"]).expected_tokens(v["N"])
+        e = prof.extended(v["N"]).expected_tokens(v["N"])
         gens = [recs[i:i + 4] for i in range(0, len(recs), 4) if recs[i]["arm"] == "ar"]
         ar_s = sum(2e-3 + v_ar * max(len(r["tokens"]) - 1 for r in g)
                    for g in gens for v_ar in [res["arms"]["ar"]["predicted_step_s"]])
@@ -261,7 +261,9 @@ def test_step_costs_never_trade_the_overhead_for_a_negative_step_cost():
     explain the wall by the overhead alone and give one arm a negative step cost; the fit then
     folds the overhead into positive step costs. Real numbers from an H200 run's shape: AR and
     N = 1 generations of 255 steps with a little noise."""
-    rec = lambda arm, steps, wall: {"arm": arm, "steps": steps, "wall_s": wall}
+    def rec(arm, steps, wall):
+        return {"arm": arm, "steps": steps, "wall_s": wall}
+
     gens = {"ar": [[rec("ar", 255, 2.00)], [rec("ar", 254, 2.02)], [rec("ar", 255, 1.99)]],
             "n1": [[rec("n1", 200, 2.10)], [rec("n1", 201, 2.05)], [rec("n1", 199, 2.12)]]}
     x = np.array([[1, 255, 0], [1, 254, 0], [1, 255, 0], [1, 0, 200], [1, 0, 201], [1, 0, 199]], float)

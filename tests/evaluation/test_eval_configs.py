@@ -51,7 +51,8 @@ def test_typo_fails_with_its_name(override):
     ("batch_size=0", "batch_size"), ("data.datasets=[mmlu]", "mmlu"),
     ("data.gsm8k_limit=0", "gsm8k_limit"),
     ("arms.num_speculative_tokens=[0]", "arms.ar"), ("arms.oracle_accept_prob=1.5", "oracle_accept_prob"),
-    ("compile_level=fast", "compile_level"), ("compile_level=light exact=true", "exact mode runs its own kernels uncompiled"),
+    ("compile_level=fast", "compile_level"),
+    ("compile_level=light exact=true", "exact mode runs its own kernels uncompiled"),
     ("attention_impl=flash", "attention_impl"), ("exact=true exact_impl=fast", "exact_impl"),
 ])
 def test_inconsistent_settings_fail_with_the_fix(override, match):

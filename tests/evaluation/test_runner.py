@@ -328,7 +328,8 @@ def test_checks_pass_fail_and_skip_when_sampling():
     one = [rec("dflash2@N=1", "spec", [1, 0], True), *runs]  # N = 1 reaches 1.0 only by accepting every draft
     out = run_checks(one, drafted)["draft_min_accepted"]
     assert out["passed"] and out["not_checked"] == ["dflash2@N=1"]
-    assert run_checks([r for r in one if r["arm"] in ("ar", "dflash2@N=1")], drafted)["draft_min_accepted"]["passed"] is False
+    one_drafted = [r for r in one if r["arm"] in ("ar", "dflash2@N=1")]
+    assert run_checks(one_drafted, drafted)["draft_min_accepted"]["passed"] is False
     empty = [rec("ar", "ar", [], None), rec("oracle@N=3", "oracle", [], True)]  # no steps: nothing measured
     out = run_checks(empty, checks)
     assert out["oracle_min_accepted"]["passed"] is False

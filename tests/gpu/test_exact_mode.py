@@ -117,7 +117,8 @@ def test_exact_speculative_equals_exact_ar(target, prompts, ar_runs, exact_impl,
         t_alone += t
         assert torch.equal(alone.sequences[0], alone_ar[b].sequences[0]), f"batch 1, row {b}: spec != AR"
         assert torch.equal(alone.sequences[0], batch.sequences[b]), f"row {b}: batch 8 != alone"
-    RESULTS[f"{exact_impl}/exact_N{n_spec}"] = {"mean_accepted": mean_acc, "wall_s_batch8": t_batch, "wall_s_batch1_total": t_alone}
+    RESULTS[f"{exact_impl}/exact_N{n_spec}"] = {"mean_accepted": mean_acc, "wall_s_batch8": t_batch,
+                                                "wall_s_batch1_total": t_alone}
 
 
 def test_graph_replayed_speculative_equals_exact_ar(target, prompts, ar_runs, exact_impl):
@@ -150,6 +151,8 @@ def test_normal_mode_departs_in_bf16(target, prompts, exact_impl):
     RESULTS[f"{exact_impl}/speed_cost_batch8"] = {
         "ar_s": {"normal": t_ar, "exact": t_ar_x, "ratio": t_ar_x / t_ar},
         "spec_N7_s": {"normal": t_spec, "exact": t_spec_x, "ratio": t_spec_x / t_spec},
-        "note": "wall time of 8 x 128 tokens, kernels warm; normal = the default engine (CUDA-graph step for AR, the eager loop for the host-side oracle), exact = the exact_impl of the key (rows: row-by-row eager forwards; invariant: batched, the host-side oracle keeps it eager)"}
+        "note": "wall time of 8 x 128 tokens, kernels warm; normal = the default engine (CUDA-graph step for AR, "
+                "the eager loop for the host-side oracle), exact = the exact_impl of the key (rows: row-by-row "
+                "eager forwards; invariant: batched, the host-side oracle keeps it eager)"}
     assert any(d >= 0 for d in dep), "no departure without exact mode: the control shows nothing"
     assert departures(spec_x, ar_x) == [-1] * PROMPTS

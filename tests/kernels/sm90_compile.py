@@ -164,9 +164,11 @@ def cases():
     for tag, nh, nkv, hd, dt in (("8b", 32, 8, 128, bf16), ("135m", 9, 3, 64, bf16), ("135m", 9, 3, 64, f32)):
         for b, q in ((1, 1), (1, 16), (8, 8)):
             kv = 528
-            args = lambda b=b, q=q, nh=nh, nkv=nkv, hd=hd, dt=dt, kv=kv: (
-                e(b, nh, q, hd, dtype=dt), e(b, nkv, kv, hd, dtype=dt), e(b, nkv, kv, hd, dtype=dt),
-                torch.full((b, q), kv - 1, dtype=i64), None, None)
+
+            def args(b=b, q=q, nh=nh, nkv=nkv, hd=hd, dt=dt, kv=kv):
+                return (e(b, nh, q, hd, dtype=dt), e(b, nkv, kv, hd, dtype=dt), e(b, nkv, kv, hd, dtype=dt),
+                        torch.full((b, q), kv - 1, dtype=i64), None, None)
+
             out.append((f"row_attention {tag} {str(dt)[6:]} B={b} q={q}", lambda a=args: _row_attention_triton(*a())))
             out.append((f"row_attention {tag} {str(dt)[6:]} B={b} q={q} exact",
                         lambda a=args: _row_attention_triton(*a(), split_keys=256, tile_queries=16)))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash2.kernels.dynamic_conv import _grouped_dynamic_conv_triton, grouped_dynamic_conv, grouped_dynamic_conv_reference
+from dflash2.kernels.dynamic_conv import (_grouped_dynamic_conv_triton, grouped_dynamic_conv,
+                                          grouped_dynamic_conv_reference)
 from tests.formulas import conv_loop
 
 # (B, T, H, K, g, block_len): odd H, non power-of-two groups, several blocks, T = 1 decode.

@@ -110,7 +110,8 @@ CASES = [(6, 1, 5, 20, 100), (5, 7, 16, 24, 300), (3, 15, 16, 64, 500), (2, 3, 3
 CASE_IDS = ["B{}-N{}-k{}-R{}-V{}".format(*c) for c in CASES]
 
 
-@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)], ids=["bf16code", "bf16eta"])
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)],
+                         ids=["bf16code", "bf16eta"])
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_triton_walk_matches_reference(case, dtypes, triton_device, error_within) -> None:
     args = _problem(*case, code_dtype=dtypes[0], eta_dtype=dtypes[1], device=triton_device)
@@ -178,7 +179,8 @@ def test_sampled_walk_follows_q() -> None:
     temp = torch.full((n_req,), 0.8)
     seeds = torch.arange(n_req) * 7919 + 3
     pos = torch.full((n_req,), 42)
-    _, chosen, q = selector_walk_reference(unary, cand, eta, a, a, torch.zeros(n_req, dtype=torch.long), temp, seeds, pos)
+    _, chosen, q = selector_walk_reference(unary, cand, eta, a, a, torch.zeros(n_req, dtype=torch.long), temp, seeds,
+                                           pos)
     counts = torch.bincount(chosen[:, 0], minlength=k).double()
     expected = q[0, 0].double() * n_req
     chi2 = ((counts - expected) ** 2 / expected).sum().item()

@@ -72,7 +72,8 @@ def test_triton_ties_and_chunking(groups, triton_device) -> None:
     assert torch.equal(vals, ref_vals)
 
 
-@pytest.mark.parametrize("mult,cap", [(0.19611613513818404, 20.0), (1.0, 3.0), (-0.5, 0.0)], ids=["fixture", "cap3", "negmult"])
+@pytest.mark.parametrize("mult,cap", [(0.19611613513818404, 20.0), (1.0, 3.0), (-0.5, 0.0)],
+                         ids=["fixture", "cap3", "negmult"])
 def test_triton_multiplier_softcap(mult, cap, triton_device, error_within) -> None:
     logits = (torch.randn(3, 3000) * 30).to(triton_device)
     ref_vals, ref_ids = vocab_topk(logits, 16, mult, cap, impl="torch")

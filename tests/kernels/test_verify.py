@@ -89,7 +89,8 @@ def test_reference_greedy_ties_lowest_id() -> None:
     draft = torch.tensor([[4, 7]])
     cand = torch.tensor([[[4, 7], [7, 4]]])
     q = torch.full((1, 2, 2), 0.5)
-    acc, nxt = verify_block_reference(logits, draft, cand, q, torch.zeros(1), torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    zero = torch.zeros(1, dtype=torch.long)
+    acc, nxt = verify_block_reference(logits, draft, cand, q, torch.zeros(1), zero, zero)
     assert acc.tolist() == [1] and nxt.tolist() == [4]
 
 
@@ -102,7 +103,8 @@ def test_empty_residual_falls_back_to_p(triton_device) -> None:
     cand = torch.tensor([2, 5, 9]).expand(bsz, 1, 3).contiguous()
     p = torch.softmax(logits[0, 0], -1)[[2, 5, 9]]
     q = (2 * p).expand(bsz, 1, 3).contiguous()
-    args = (logits, cand[..., 0].contiguous(), cand, q, torch.ones(bsz), torch.arange(bsz) * 31, torch.zeros(bsz, dtype=torch.long))
+    args = (logits, cand[..., 0].contiguous(), cand, q, torch.ones(bsz), torch.arange(bsz) * 31,
+            torch.zeros(bsz, dtype=torch.long))
     args = tuple(t.to(triton_device) for t in args)
     acc, nxt = verify_block(*args, impl="torch")
     assert (acc == 0).any() and (acc == 1).any()
@@ -139,7 +141,8 @@ def test_triton_greedy_ties(triton_device) -> None:
     logits = torch.randint(0, 3, (4, 5, 700)).float()  # many tied maxima, spread over chunks
     draft = logits[:, :4].argmax(-1)
     cand = draft[..., None].repeat(1, 1, 2)
-    args = (logits, draft, cand, torch.full((4, 4, 2), 0.5), torch.zeros(4), torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long))
+    args = (logits, draft, cand, torch.full((4, 4, 2), 0.5), torch.zeros(4), torch.zeros(4, dtype=torch.long),
+            torch.zeros(4, dtype=torch.long))
     args = tuple(t.to(triton_device) for t in args)
     out = _verify_block_triton(*args, block=128)
     assert out[0].tolist() == [4, 4, 4, 4]

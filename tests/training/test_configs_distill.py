@@ -1,6 +1,5 @@
 """Every distill experiment composes into the typed schema; typos fail with the key's name."""
 
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir

@@ -72,7 +72,7 @@ def test_rows_hold_the_targets_greedy_ids(target_tok, tmp_path):
         msgs = [m for m in row["messages"]]
         users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
         assert len(turns) == len(users) and msgs[-1]["role"] == "assistant"
-        for k, (turn, ui) in enumerate(zip(turns, users)):
+        for turn, ui in zip(turns, users):
             # The prompt is the conversation so far, with the target's own earlier answers.
             assert turn["prompt_ids"] == encode_chat(tok, msgs[: ui + 1], fmt)
             assert turn["response_ids"] == _greedy(target.model, turn["prompt_ids"], NEW, stops)

@@ -21,8 +21,8 @@ except ImportError:  # triton missing: only impl="torch" works (resolve_impl say
 __all__ = ["grouped_dynamic_conv", "grouped_dynamic_conv_norm", "grouped_dynamic_conv_reference",
            "grouped_dynamic_conv_norm_reference", "rms_norm_reference"]
 
-# Tile: 4 tokens x 256 channels, 4 warps (8 elements a thread): fastest or tied at batch 1/8/32
-# in the H200 sweep of docs/PERFORMANCE.md (more, smaller programs hide the load latency).
+# Tile: 4 tokens x 256 channels, 4 warps (8 elements a thread), the tiling sweep's pick at batch
+# 1/8/32 (`benchmarks.kernels --sweep`; more, smaller programs hide the load latency).
 _BLOCK_T = 4
 _BLOCK_H = 256
 # Conv + norm: one program per token row; a row of up to _NORM_BLOCK_H channels is one chunk that
@@ -194,7 +194,8 @@ def grouped_dynamic_conv(
     """
     _check(z, base, proj, side, block_len, group_size, residual)
     if out is not None and (out.shape != z.shape or out.dtype != z.dtype):
-        raise ValueError(f"out must be [B, T, H] = {tuple(z.shape)} in {z.dtype}, got {tuple(out.shape)} in {out.dtype}")
+        raise ValueError(f"out must be [B, T, H] = {tuple(z.shape)} in {z.dtype}, "
+                         f"got {tuple(out.shape)} in {out.dtype}")
     if impl == "torch":
         ref = grouped_dynamic_conv_reference(z, base, proj, side, block_len, group_size, residual)
         return ref if out is None else out.copy_(ref)

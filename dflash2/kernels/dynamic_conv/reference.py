@@ -40,7 +40,8 @@ def grouped_dynamic_conv_reference(
         shifted = F.pad(zf, (0, 0, t, 0))[:, :seq]  # z[b, i - t, c], zero for i < t
         keep = (in_block >= t).to(acc)[None, :, None]  # taps never cross a block boundary
         # (base[t, c] + delta[b, i, t, c // g]) * z[b, i - t, c], with channels viewed [G, g]
-        term = weight[t] * shifted + (delta[:, :, t] * shifted.view(bsz, seq, groups, group_size)).view(bsz, seq, hidden)
+        grouped = delta[:, :, t] * shifted.view(bsz, seq, groups, group_size)
+        term = weight[t] * shifted + grouped.view(bsz, seq, hidden)
         out = out + keep * term
     out = out.to(z.dtype)
     return out if residual is None else residual + out

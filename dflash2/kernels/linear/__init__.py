@@ -75,8 +75,9 @@ class LinearConfig:
     `num_stages`. `block_n` and `block_k` are powers of two >= 16. `pdl`: launch with
     programmatic dependent launch where the GPU has it (compute capability 9.0+), so the kernel
     starts while the previous one on the stream drains (it waits for it before touching memory);
-    ignored elsewhere (CPU, older GPUs). Off by default: on the H200 it saved 0.1 ms of the 8B
-    stack when linears ran back to back but cost 0.18 ms with a PyTorch kernel before each."""
+    ignored elsewhere (CPU, older GPUs). Off by default: it gains only when linears run back to
+    back and loses when another kernel runs before each (`python -m benchmarks.linear` times the
+    8B stack both ways, `kernel ms, PDL` / `kernel ms, no PDL`)."""
 
     block_n: int
     block_k: int
@@ -101,10 +102,10 @@ def default_config(n: int, k: int, dtype: torch.dtype, sm_count: int = _DEFAULT_
     """The tiling used for `weight [n, k]` of `dtype` on a GPU with `sm_count` SMs.
 
     A pure function of its arguments (never of the number of rows: that is what makes the kernel
-    row-invariant). Column tiles of 64 and K steps of 128 (64 in fp32), the best tiling of
-    `python -m benchmarks.linear --sweep` at the 8B shapes on an H200; K is split in powers of two while the programs
-    number fewer than about one per SM (0.9 x, so 128 programs on 132 SMs is enough) and every
-    split keeps at least four K steps.
+    row-invariant). Column tiles of 64 and K steps of 128 (64 in fp32), the tiling chosen by
+    `python -m benchmarks.linear --sweep` at the 8B shapes (`docs/PERFORMANCE.md`, "Linear
+    stack"); K is split in powers of two while the programs number fewer than about one per SM
+    (0.9 x, so 128 programs on 132 SMs is enough) and every split keeps at least four K steps.
     """
     block_k = 64 if dtype == torch.float32 else 128
     block_n = 64
@@ -222,8 +223,8 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     k, n = x.shape[-1], weight.shape[0]
     rows = x.numel() // k if k else 0
     if not kernel_fits(rows, n, k, x.dtype, max_rows):
-        raise ValueError(f"the small-M kernel takes 1..{max_rows or 'any'} rows of a {DTYPES} input, got {rows} rows of "
-                         f"{x.dtype} (K={k}, N={n}); use impl='torch'")
+        raise ValueError(f"the small-M kernel takes 1..{max_rows or 'any'} rows of a {DTYPES} input, "
+                         f"got {rows} rows of {x.dtype} (K={k}, N={n}); use impl='torch'")
     if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         raise ValueError(f"x, weight and bias must share a dtype, got {x.dtype}, {weight.dtype}, "
                          f"{None if bias is None else bias.dtype}")

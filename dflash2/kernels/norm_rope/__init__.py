@@ -2,13 +2,12 @@
 launch, written where the attention reads them (a fresh `[B, H, S, hd]` tensor, or the draft's
 context cache at each token's slot, with the values beside the keys).
 
-In the cached (inference) forward of `DraftAttention`, the reference ops cost about 20 small
+In the cached (inference) forward of `DraftAttention`, the reference ops are about 20 small
 kernels per layer: the norms, RoPE's `mul` / `neg` / `cat` / `add` for the queries, the block
-keys and the context keys, and four scatters into the cache (docs/PERFORMANCE.md, "Draft +
-select, kernel by kernel": RoPE and the cache writes took 264 us of the 1.58 ms draft + select
-step at batch 1, N = 15, in 95 launches). Here the block's queries, and the keys and values of the
-context and the block (`DraftAttention` projects both in one linear), are one launch
-(`norm_rope_queries_and_cache`); `norm_rope` and `norm_rope_into_cache` run either part alone.
+keys and the context keys, and four scatters into the cache. Here the block's queries, and the
+keys and values of the context and the block (`DraftAttention` projects both in one linear), are
+one launch (`norm_rope_queries_and_cache`); `norm_rope` and `norm_rope_into_cache` run either
+part alone. What it saves of the draft + select step: `docs/PERFORMANCE.md`, "Draft + select".
 
 Guarantees of the Triton path (`triton_kernels.py`):
 - **The reference's roundings.** Every op of the reference that rounds to the model's dtype

@@ -1,12 +1,10 @@
 """Per-row masked GQA attention over the engine's static K/V cache (`dflash2.engine.cache`).
 
-The torch reference is SDPA with an explicit `[B, 1, q, kv]` mask. On the H200 that ran a cuDNN
-kernel with 64-row query tiles (by its name): 17.5 us a call at one row and 16 queries, 121 us at
-32 rows and 4 queries, where reading the K/V takes about 17 us (`docs/PERFORMANCE.md`, step
-profile). The Triton kernel reads each key block once per K/V head for all the group's query
-heads and queries, builds no mask tensor (visibility comes from the positions), skips keys past
-a row's last position, and splits the keys over programs so that a batch of one still fills the
-GPU (flash-decoding).
+The torch reference is SDPA with an explicit `[B, 1, q, kv]` mask. The Triton kernel reads each
+key block once per K/V head for all the group's query heads and queries, builds no mask tensor
+(visibility comes from the positions), skips keys past a row's last position, and splits the
+keys over programs so that a batch of one still fills the GPU (flash-decoding). Timings against
+the reference: `docs/PERFORMANCE.md`, "Kernels".
 """
 
 from __future__ import annotations
@@ -27,13 +25,13 @@ MAX_TILE_ROWS = 64  # query heads per K/V head x queries: decode and verify bloc
 _BLOCK_N = 64
 _PROGRAMS = 264  # about two programs per SM on an H200 (132 SMs)
 # Splits per tile are capped at this many tile rows over the tile's rows: a 64-row tile (16 queries
-# x 4 heads) walks at least a quarter of the keys per program. The cap's value is open: H200 sweeps
-# of a 64-row tile at batch 1 over 528 keys have put 4 splits both ahead of 9 and about 1 us behind
-# 6 or 8; `python -m benchmarks.kernels --batches 1 8 --sweep --sweep-kernels row_attention` re-measures it.
+# x 4 heads) walks at least a quarter of the keys per program. The value is a tuning choice the
+# sweeps leave open (at batch 1 they have ranked 4 to 9 splits differently from run to run);
+# `python -m benchmarks.kernels --batches 1 8 --sweep --sweep-kernels row_attention` re-measures it.
 _SPLIT_TILE_ROWS = 256
-# The merge's programs: one per (row, K/V head) left 8 programs for the 8B target at batch 1 (12 us
-# a merge on the H200, twice the split stage) and 3 for SmolLM2; blocks of 16 tile rows x 32 head
-# dims give the 8B target 32 (decode) to 128 (16-token verify) and SmolLM2 6.
+# The merge's programs: blocks of 16 tile rows x 32 head dims, so the 8B target at batch 1 gets 32
+# (decode) to 128 (16-token verify) programs and SmolLM2 6, where one program per (row, K/V head)
+# would give 8 and 3, too few programs to fill the GPU.
 _MERGE_R, _MERGE_D = 16, 32
 
 

@@ -87,7 +87,8 @@ def selector_walk(
         ``chosen`` when T = 0).
     """
     if unary.dim() != 3 or cand_ids.shape != unary.shape:
-        raise ValueError(f"unary and cand_ids must both be [B, N, k], got {tuple(unary.shape)}, {tuple(cand_ids.shape)}")
+        raise ValueError(f"unary and cand_ids must both be [B, N, k], "
+                         f"got {tuple(unary.shape)}, {tuple(cand_ids.shape)}")
     if eta.shape[:2] != unary.shape[:2]:
         raise ValueError(f"eta must be [B, N, R], got {tuple(eta.shape)}")
     if impl == "torch":

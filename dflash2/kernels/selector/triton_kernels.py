@@ -59,7 +59,8 @@ def _selector_walk_kernel(
     rows = tl.arange(0, NP * KP)  # (slot, predecessor) pairs
     kok = kk < k
     edges = tl.load(s_ptr + (b * N * KP + rows)[:, None] * KP + kk[None, :], mask=(rows < N * KP)[:, None], other=0.0)
-    cands = tl.load(cand_ptr + b * s_cb + jj[:, None] * s_cj + kk[None, :], mask=(jj < N)[:, None] & kok[None, :], other=0)
+    cands = tl.load(cand_ptr + b * s_cb + jj[:, None] * s_cj + kk[None, :], mask=(jj < N)[:, None] & kok[None, :],
+                    other=0)
     temp = tl.load(temp_ptr + b).to(tl.float32)
     seed = tl.load(seed_ptr + b).to(tl.int64)
     pos = tl.load(pos_ptr + b).to(tl.int64)

@@ -23,9 +23,10 @@ def _next_pow2(n: int) -> int:
 def topk_config(rows: int, vocab: int) -> dict[str, int]:
     """Tiling: stage-1 groups per chunk (of 16 entries) and warps, stage-2 warps.
 
-    From H200 sweeps (bitonic tl.topk selection, CUDA-graph medians): few rows want 4096-entry
-    chunks with 4 warps (more programs, shorter per-program latency), many rows 8192-entry
-    chunks with 2 warps (fewer programs and partials to merge).
+    Chosen by the tiling sweep of `python -m benchmarks.kernels --sweep` (bitonic `tl.topk`
+    selection; `docs/PERFORMANCE.md`, "Kernels"): up to 64 rows, 4096-entry chunks with 4 warps
+    (more programs, shorter per-program latency); more rows, 8192-entry chunks with 2 warps
+    (fewer programs and partials to merge).
     """
     if rows <= 64:
         return {"groups": 256, "num_warps": 4, "merge_warps": 4}

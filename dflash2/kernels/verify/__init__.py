@@ -14,7 +14,7 @@ except ImportError:  # triton missing: only impl="torch" works (resolve_impl say
 
 __all__ = ["verify_block", "verify_block_reference", "bad_rows"]
 
-_BLOCK = 8192  # vocab entries per stage-1 program, 8 warps (best or tied in the H200 sweep)
+_BLOCK = 8192  # vocab entries per stage-1 program, 8 warps (the tiling sweep's pick: benchmarks.kernels --sweep)
 
 
 def _next_pow2(n: int) -> int:
