@@ -6,15 +6,16 @@
 
 Per batch size B, four arms of `speculative_generate` on the shape's random bf16 target with a
 random DFlash2 draft (selector rank 64): AR and N = 7 at T = 0 in exact mode
-(`exact_impl="invariant"`, every forward padded to the draft's block of 16), and AR and N = 7 at
-T = 1 on the normal engine. The draft has the shape's layer count (two at the 0.5B shape).
-Prompts are B random token rows of 100-399 tokens (one fixed draw); `--new-tokens` tokens each. Each arm runs one untimed call (graph capture, kernel selection) and
-then one timed whole call, the device synchronized before and after it; ms/step = wall / steps of
-the longest row. The random draft accepts almost nothing, so steps ~= new tokens for every arm
-and the figure is the cost of one step at that batch. Rows: `B, arm, wall_s, steps, ms_step,
-peak_gib` (`torch.cuda.max_memory_allocated` since the process started, so it never decreases).
-The exact arms need CUDA (or `TRITON_INTERPRET=1` on a CPU, for tests); without either they
-report the engine's refusal as their `error`.
+(`exact_impl="invariant"`, every forward padded to the draft's block of 16), and AR and N = 7 at T
+= 1 on the normal engine. The draft has the shape's layer count (two at the 0.5B shape). Prompts
+are B random token rows of 100-399 tokens (one fixed draw); `--new-tokens` tokens each. Each arm
+runs one untimed call (graph capture, kernel selection) and then one timed whole call, the device
+synchronized before and after it; ms/step = wall / steps of the longest row. The random draft
+accepts almost nothing, so steps ~= new tokens for every arm and the figure is the cost of one step
+at that batch. Rows: `B, arm, wall_s, steps, ms_step, peak_gib` (`torch.cuda.max_memory_allocated`
+since the process started, so it never decreases). The exact arms need CUDA (or
+`TRITON_INTERPRET=1` on a CPU, for tests); without either they report the engine's refusal as their
+`error`.
 """
 
 from __future__ import annotations
@@ -119,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = build(args.shape, device)
     rows = [r for b in args.batch for r in measure(target, draft, b, args.new_tokens, device)]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    text = markdown(rows, f"Step cost against batch, {name}: {args.shape} random target, random {SHAPES[args.shape][1]}-layer draft, "
-                          f"{args.new_tokens} new tokens; exact = invariant kernels at width {draft.block_size}")
+    layers = SHAPES[args.shape][1]
+    text = markdown(rows, f"Step cost against batch, {name}: {args.shape} random target, random {layers}-layer "
+                          f"draft, {args.new_tokens} new tokens; exact = invariant kernels at width {draft.block_size}")
     print(text)
     if os.environ.get("OUT"):
         out = Path(os.environ["OUT"])

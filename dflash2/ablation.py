@@ -100,7 +100,8 @@ class Ablation:
     def __init__(self, plan: AblationPlan, root: str | os.PathLike, extra: list[str] = ()):
         self.plan, self.root, self.extra = plan, Path(root).resolve(), list(extra)
         self.state_path = self.root / "ablation.json"
-        self.state = json.loads(self.state_path.read_text()) if self.state_path.is_file() else {"phases": {}, "jobs": {}}
+        fresh = {"phases": {}, "jobs": {}}
+        self.state = json.loads(self.state_path.read_text()) if self.state_path.is_file() else fresh
 
     # ------------------------------------------------------------------ jobs of each phase
     def _script(self, script: str, *overrides: str) -> list[str]:
@@ -192,13 +193,14 @@ class Ablation:
                     break
         finally:
             bar.close()
-            for job, proc, log, _ in running.values():   # interrupted: stop the children too
+            for _job, proc, log, _ in running.values():   # interrupted: stop the children too
                 proc.terminate()
                 log.close()
         if failed:
             job = failed[0]
-            raise RuntimeError(f"ablation {phase}: job {job.name} failed; see {self.root / 'logs' / (job.name + '.log')}"
-                               f" (rerun the same command to continue)")
+            log_path = self.root / "logs" / f"{job.name}.log"
+            raise RuntimeError(f"ablation {phase}: job {job.name} failed; see {log_path} "
+                               "(rerun the same command to continue)")
         seconds = time.perf_counter() - t0
         if jobs:   # a phase with nothing left to do keeps the time it took when it ran
             self.state["phases"][phase] = {"done": True, "seconds": round(seconds, 1),

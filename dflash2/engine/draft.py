@@ -88,8 +88,9 @@ class DFlash2Proposer:
 
     graph_safe = True  # propose() is device work only: it can be captured in a CUDA graph
 
-    def __init__(self, draft, target, batch_size: int, max_len: int, impl: str, clock: Callable[[], float] = time.perf_counter,
-                 *, attention_impl: str = "torch", use_selector: bool = True):
+    def __init__(self, draft, target, batch_size: int, max_len: int, impl: str,
+                 clock: Callable[[], float] = time.perf_counter, *, attention_impl: str = "torch",
+                 use_selector: bool = True):
         self.draft, self.target, self.impl, self.clock = draft, target, impl, clock
         self.attention_impl = attention_impl
         self.cache = draft.new_cache(batch_size, max_len)

@@ -141,7 +141,8 @@ def _real_arg(name: str, value, ok, span: str, hint: str = "") -> float:
         _fail(name, f"{value!r} ({type(value).__name__}) is not a real number", f"pass a float in {span}{hint}")
     v = float(value)
     if not (math.isfinite(v) and ok(v)):
-        _fail(name, f"{v} is {'outside ' + span if math.isfinite(v) else 'not finite'}", f"pass a float in {span}{hint}")
+        what = f"outside {span}" if math.isfinite(v) else "not finite"
+        _fail(name, f"{v} is {what}", f"pass a float in {span}{hint}")
     return v
 
 

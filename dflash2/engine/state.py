@@ -100,7 +100,7 @@ def release_decode_state(model) -> bool:
     return held is not None
 
 
-def kept_state(tgt: TargetModel, key: tuple, batch: int, max_len: int) -> "DecodeState | None":
+def kept_state(tgt: TargetModel, key: tuple, batch: int, max_len: int) -> DecodeState | None:
     """The state kept on the target for `key` if it has `batch` rows and at least `max_len` slots
     and no other call is using it; a state kept for another key (or too small) is released first."""
     held = tgt.model.__dict__.get(_ATTR)
@@ -115,7 +115,7 @@ def kept_state(tgt: TargetModel, key: tuple, batch: int, max_len: int) -> "Decod
     return None
 
 
-def keep_state(tgt: TargetModel, state: "DecodeState") -> None:
+def keep_state(tgt: TargetModel, state: DecodeState) -> None:
     tgt.model.__dict__[_ATTR] = state
 
 

@@ -72,7 +72,7 @@ class ArmGroup:
     """
 
     @classmethod
-    def build(cls, makers: dict[str, object]) -> "ArmGroup":
+    def build(cls, makers: dict[str, object]) -> ArmGroup:
         """Construct each arm with `makers[name]()` from the same global RNG state (the one a run
         of that arm alone would construct it from) and keep the state each construction leaves."""
         start = st.rng_state()

@@ -181,7 +181,8 @@ class DistillObjective(nn.Module):
         `anchor_tok, anchor_valid [Bt, c]`, `teacher_h [Bt, c, n, H]` or None (n = Bk - 1)."""
         d, sp = self.draft, self.spec
         shape = y.shape                                                      # [Bt, c, n]
-        h, y, pred, coef, m = h.reshape(-1, h.shape[-1]), y.reshape(-1), pred.reshape(-1), coef.reshape(-1), m.reshape(-1)
+        h = h.reshape(-1, h.shape[-1])
+        y, pred, coef, m = y.reshape(-1), pred.reshape(-1), coef.reshape(-1), m.reshape(-1)
         sel = d.candidate_selector
         mass = torch.zeros((), device=h.device, dtype=torch.float64)
         if self.fused_head:

@@ -60,7 +60,7 @@ def prompts() -> list[torch.Tensor]:
     return [torch.tensor(tok(t).input_ids, dtype=torch.long) for t in TEXTS]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def qwen3_target(vocab: int | None = None, sliding: bool = False, seed: int = 0, head_scale: float = 1.0):
     """Tiny random Qwen3 (fp64, 4 layers, hidden 64); vocab defaults to the real tokenizer's.
 
@@ -82,12 +82,12 @@ def qwen3_target(vocab: int | None = None, sliding: bool = False, seed: int = 0,
     return model.to(DTYPE).eval()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def llama_target(vocab: int | None = None, seed: int = 0):
     return tiny_llama(vocab=vocab or len(tokenizer()), layers=4, seed=seed).to(DTYPE).eval()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def random_draft(vocab: int | None = None, v2: bool = True, block_size: int = 10, top_k: int = 4,
                  seed: int = 1, std: float = 0.1):
     """Tiny draft with every parameter random (conv and selector included)."""

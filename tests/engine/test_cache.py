@@ -49,7 +49,8 @@ def test_row_attention_refuses_missing_positions_or_hf_mask():
     with pytest.raises(RuntimeError, match="position_ids"):
         row_attention(torch.nn.Module(), q, kv, kv, None)
     with pytest.raises(RuntimeError, match="mask"):
-        row_attention(torch.nn.Module(), q, kv, kv, torch.zeros(1, 1, 1, 3), position_ids=torch.zeros(1, 1, dtype=torch.long))
+        row_attention(torch.nn.Module(), q, kv, kv, torch.zeros(1, 1, 1, 3),
+                      position_ids=torch.zeros(1, 1, dtype=torch.long))
 
 
 @pytest.mark.parametrize("factory", [qwen3_target, lambda: qwen3_target(sliding=True), llama_target],

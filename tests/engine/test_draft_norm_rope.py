@@ -64,7 +64,8 @@ def test_fused_draft_forward_matches_the_reference_in_one_norm_rope_launch_a_lay
     from dflash2.modeling import conv as conv_mod
 
     real_fn, real_sm = conv_mod.grouped_dynamic_conv_norm, draft_mod.silu_mul
-    monkeypatch.setattr(conv_mod, "grouped_dynamic_conv_norm", lambda *a, **k: launches.append("fn") or real_fn(*a, **k))
+    monkeypatch.setattr(conv_mod, "grouped_dynamic_conv_norm",
+                        lambda *a, **k: launches.append("fn") or real_fn(*a, **k))
     monkeypatch.setattr(draft_mod, "silu_mul", lambda *a, **k: launches.append("mlp") or real_sm(*a, **k))
     fused, fused_cache = _two_steps(draft, "triton", feats, noise)
     layers = cfg.num_hidden_layers
@@ -104,8 +105,8 @@ def test_greedy_speculative_with_the_fused_draft_equals_ar(triton_cpu):
 def test_the_drafts_projections_run_as_fused_launches(triton_cpu, monkeypatch):
     """Under the small-M linear mode (`linear_impl="triton"`) the draft's context and block rows
     take one q/k/v launch together, its MLP's gate/up another (`fusable_groups`) and the selector's
-    gate with the LM head a third, each over the members' own weights; no member is launched alone, the context's k/v pair is not launched
-    apart, and the tokens still equal AR's."""
+    gate with the LM head a third, each over the members' own weights; no member is launched alone,
+    the context's k/v pair is not launched apart, and the tokens still equal AR's."""
     import dflash2.kernels.linear as linear
 
     target, draft, prompts = fp32_target_draft_prompts(VOCAB, layers=4)

@@ -28,7 +28,7 @@ VOCAB = 300
 class ReplayByRunning:
     """CPU stand-in for `StepGraphs`: a 'capture' per bucket (not run), then each 'replay' runs the body."""
 
-    instances: list["ReplayByRunning"] = []
+    instances: list[ReplayByRunning] = []
 
     def __init__(self, body, device):
         self.body, self.buckets, self.replays, self.captures, self.failed = body, set(), 0, 0, None
@@ -92,7 +92,8 @@ def test_graph_path_bookkeeping_equals_the_eager_loop(models, fake_graphs, tempe
     # Every step goes through the runner, the first included (the prompt's features, if any, went
     # to the proposer in `start`): one warm-up per bucket, replays otherwise.
     assert len(graphed.times.verify) == runner.captures + runner.replays
-    assert graphed.times.replayed.count(True) == runner.replays and len(graphed.times.replayed) == len(graphed.times.verify)
+    assert graphed.times.replayed.count(True) == runner.replays
+    assert len(graphed.times.replayed) == len(graphed.times.verify)
     assert not graphed.times.replayed[0] and eager.times.replayed == []
     # A kept state (the device oracle's too, keyed by the proposer object): the next call with the
     # same drafter replays from its first step on, with the same tokens.

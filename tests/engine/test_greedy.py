@@ -32,7 +32,7 @@ BLOCK = 10  # draft block_size: N in 0..9
 REF_LEN = {"qwen3": 23 + BLOCK, "llama": 20, "qwen3-sliding": 20}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(family: str, idx: int) -> torch.Tensor:
     return hf_greedy(target_of(family), prompts()[idx], REF_LEN[family])
 
@@ -48,7 +48,9 @@ def oracle(family: str = "qwen3", idxs=()) -> GreedyOracle:
 
 
 def target_of(family: str):
-    return {"qwen3": qwen3_target, "llama": llama_target, "qwen3-sliding": functools.partial(qwen3_target, sliding=True)}[family]()
+    makers = {"qwen3": qwen3_target, "llama": llama_target,
+              "qwen3-sliding": functools.partial(qwen3_target, sliding=True)}
+    return makers[family]()
 
 
 def run_batches(target, draft, idxs, batch, n_spec, max_new=MAX_NEW, **kw):

@@ -52,7 +52,7 @@ def warper(temperature: float, top_k: int = 0, top_p: float = 1.0):
     return lambda logits: torch.softmax(procs(None, logits), dim=-1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def exact_law(temperature: float, top_k: int = 0, top_p: float = 1.0):
     """Exact marginals of positions 1..4 and the joint of positions 3 and 4."""
     model = small_target()
@@ -66,7 +66,8 @@ def exact_law(temperature: float, top_k: int = 0, top_p: float = 1.0):
             marg.append(full.sum(0))
             if t == STEPS - 1:
                 joint = full.view(-1, V, V).sum(0)  # [V, V]: (token t, token t+1)
-            prefixes = torch.cat([prefixes.repeat_interleave(V, 0), torch.arange(V).repeat(prefixes.shape[0])[:, None]], 1)
+            nxt = torch.arange(V).repeat(prefixes.shape[0])[:, None]
+            prefixes = torch.cat([prefixes.repeat_interleave(V, 0), nxt], 1)
             weights = full.reshape(-1)
     return marg, joint
 

@@ -49,7 +49,7 @@ def spies(monkeypatch):
         with lock:
             seen.setdefault(threading.get_ident(), set()).add((point, impl))
 
-    real_target, real_draft = cache_mod.row_attention_kernel, draft_mod.row_attention
+    real_target = cache_mod.row_attention_kernel
     real_conv = conv_mod.grouped_dynamic_conv
 
     def target_kernel(*args, impl, **kw):
