@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -56,10 +58,26 @@ def check_lengths(out, n_spec: int) -> int:
 # ---- the truncation itself
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_verify_within_is_verify_block_of_the_truncated_block(temperature):
+def _kernel_device(impl: str) -> str:
+    """Where `impl` runs here: the torch reference on the CPU; Triton on CUDA, or on the CPU in its
+    interpreter (tests/conftest.py turns it on without CUDA), else the case is skipped."""
+    if impl == "torch":
+        return "cpu"
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        return "cuda"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton without CUDA needs TRITON_INTERPRET=1")
+    return "cpu"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")  # masked-off lanes (kernels conftest)
+# Triton's interpreter costs about 0.1 s per row and call on this CPU: its case is small, sampled.
+@pytest.mark.parametrize("temperature,impl", [(0.0, "torch"), (0.9, "torch"), (0.9, "triton")])
+def test_verify_within_is_verify_block_of_the_truncated_block(temperature, impl):
+    device = _kernel_device(impl)
     g = torch.Generator().manual_seed(3)
-    bsz, n, vocab, k = 64, 5, 12, 3
+    bsz, n, vocab, k = 40 if impl == "torch" else 12, 5, 12, 3
     logits = torch.randn(bsz, n + 1, vocab, generator=g) * 2
     # Candidates: the target's top-k per slot; q a softmax over them; draft drawn from q (greedy:
     # the argmax), so many slots are accepted and long accepted runs meet the cut.
@@ -71,15 +89,16 @@ def test_verify_within_is_verify_block_of_the_truncated_block(temperature):
     seeds = torch.randint(0, 2**62, (bsz,), generator=g)
     positions = torch.randint(5, 50, (bsz,), generator=g)
     lengths = torch.randint(0, n + 1, (bsz,), generator=g)
-    acc, nxt = verify_within(logits, d, cand, q, temps, seeds, positions, lengths, impl="torch")
-    full_acc, _ = verify_block(logits, d, cand, q, temps, seeds, positions, impl="torch")
-    for b in range(bsz):
-        L = int(lengths[b])
-        want = verify_block(logits[b:b + 1, :L + 1], d[b:b + 1, :L], cand[b:b + 1, :L], q[b:b + 1, :L],
-                            temps[b:b + 1], seeds[b:b + 1], positions[b:b + 1], impl="torch")
-        assert (int(acc[b]), int(nxt[b])) == (int(want[0]), int(want[1])), b
+    args = [t.to(device) for t in (logits, d, cand, q, temps, seeds, positions)]
+    acc, nxt = verify_within(*args, lengths.to(device), impl=impl)
+    full_acc, _ = verify_block(*args, impl=impl)
+    for L in range(n + 1):  # the rows of each length, verified as blocks of that length
+        rows = (lengths == L).nonzero()[:, 0].to(device)
+        lg, db, cb, qb, tb, sb, pb = (t[rows] for t in args)
+        want_acc, want_nxt = verify_block(lg[:, :L + 1], db[:, :L], cb[:, :L], qb[:, :L], tb, sb, pb, impl=impl)
+        assert torch.equal(acc[rows], want_acc) and torch.equal(nxt[rows], want_nxt), L
     assert int(acc.sum()) > 0
-    assert bool((full_acc > lengths).any())  # rows where the cut changed the outcome were checked
+    assert bool((full_acc.cpu() > lengths).any())  # rows where the cut changed the outcome were checked
 
 
 def test_next_lengths_rule():
