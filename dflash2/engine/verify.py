@@ -9,7 +9,7 @@ step k, how many of the drafted tokens the step may accept, its verify length `L
 
       L_1     = N
       L_{k+1} = min(N, L_k + ADAPTIVE_GROW)     if a_k == L_k  (every verified token accepted)
-              = max(1, L_k - ADAPTIVE_SHRINK)   otherwise      (a rejection inside the L_k)
+              = max(1, L_k - ADAPTIVE_SHRINK)   otherwise      (a rejection among the L_k)
 
   where `a_k` is the count step k accepted (at most `L_k`). This is transformers' "heuristic"
   schedule of assisted generation's draft length, per row. With N = 0 (the AR arm) there is
@@ -29,14 +29,15 @@ step's verification emits tokens that follow the target's law given the committe
 (greedy: its argmax path), whatever else happened before the step, because the step's draft,
 acceptance and resampling noise is keyed by positions past the committed length, which no
 earlier outcome read, so it is independent of what chose L. `L_k[b]` is a function of
-`a_1..a_{k-1}` of row b (each `a` counts only the tests of its own L slots), all fixed when step k
-begins: it never reads step k's target logits, its proposal or its noise. So
-every step is a lossless step of a length fixed in advance, and the output follows the target's
-law step after step (greedy: equals AR token for token, in exact mode bit for bit). What would
-break it is a length chosen from the current step, e.g. cutting the block before the first drafted
-token whose target probability is low (DSpark, appendix A): then whether a sampled d_i is tested
-depends on d_i itself, and low-probability tokens are under-emitted (tests/engine/test_adaptive_verify.py
-shows the same chi-square test rejecting that rule and passing this one).
+`a_1..a_{k-1}` of row b (each `a` counts only the tests of its own L slots), all fixed when
+step k begins: it never reads step k's target logits, its proposal or its noise. So every step
+is a lossless step of a length fixed in advance, and the output follows the target's law step
+after step (greedy: equals AR token for token, in exact mode bit for bit). What would break it
+is a length chosen from the current step, e.g. cutting the block before the first drafted token
+whose target probability is low (DSpark, appendix A): whether a sampled d_i is tested then
+depends on d_i itself, and low-probability tokens are under-emitted
+(`tests/engine/test_adaptive_verify.py`: the same chi-square test rejects that rule and passes
+this one).
 
 The lengths are recorded per row and step (`SpeculativeOutput.verify_lengths`): the target rows a
 ragged verify would run (L + 1), for cost accounting. Today the forward still scores N + 1 rows.

@@ -83,7 +83,9 @@ def test_verify_within_is_verify_block_of_the_truncated_block(temperature, impl)
     # the argmax), so many slots are accepted and long accepted runs meet the cut.
     cand = logits[:, :n].topk(k, dim=-1).indices  # [B, N, k]
     q = torch.softmax(torch.randn(bsz, n, k, generator=g) + 2 * logits[:, :n].gather(-1, cand), dim=-1)
-    pick = torch.multinomial(q.view(-1, k), 1, generator=g).view(bsz, n) if temperature else torch.zeros(bsz, n, dtype=torch.long)
+    pick = torch.zeros(bsz, n, dtype=torch.long)  # greedy: the argmax
+    if temperature:
+        pick = torch.multinomial(q.view(-1, k), 1, generator=g).view(bsz, n)
     d = cand.gather(-1, pick[..., None])[..., 0]
     temps = torch.full((bsz,), temperature)
     seeds = torch.randint(0, 2**62, (bsz,), generator=g)
@@ -106,7 +108,8 @@ def test_next_lengths_rule():
     accepted = torch.tensor([1, 0, 4, 5, 2, 0])
     assert next_lengths("adaptive", lengths, accepted, 5).tolist() == [3, 1, 5, 5, 4, 2]
     assert next_lengths("chain", lengths, accepted, 5) is lengths
-    assert next_lengths("adaptive", torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long), 0).tolist() == [0, 0]
+    none = torch.zeros(2, dtype=torch.long)
+    assert next_lengths("adaptive", none, none, 0).tolist() == [0, 0]  # N = 0: nothing to verify
 
 
 # ---- greedy: adaptive == AR
