@@ -9,6 +9,9 @@ One loop serves both arms. Per step, for every row b (static shapes, per-row len
     commit d_1..d_acc, x  ->  start_b += acc_b + 1 (target rollback = set the row length)
     next context = target features of block rows 0..acc_b (the committed tokens)
 
+With `verify="adaptive"` row b accepts at most its verify length L_b <= N of the step, fixed by
+its earlier steps (`dflash2.engine.verify.verify_within`: the block keeps its N + 1 slots).
+
 With `draft=None` or `num_speculative_tokens=0` the block is the anchor alone and
 `verify_block` reduces to sampling (or argmax) from the target: the autoregressive baseline,
 through the same code. The token after the prompt comes from the prefill logits by the same
@@ -50,7 +53,7 @@ from dflash2.engine.compiled import compile_modules, eager_forward
 from dflash2.engine.draft import DFlash2Proposer
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, StepGraphs
 from dflash2.engine.inputs import GenerateInputError, check_generate_inputs
-from dflash2.engine.reports import ACC, ACTIVE, BAD, DONE, END, NEW
+from dflash2.engine.reports import ACC, ACTIVE, BAD, DONE, END, NEW, VLEN
 from dflash2.engine.sampling import invalid_rows, row_seeds
 from dflash2.engine.state import (LEN_BUCKET, DecodeState, batch_bucket, keep_state, kept_state, prefill_rows,
                                   round_up, state_key)
@@ -75,6 +78,9 @@ class SpeculativeOutput:
         finish_reasons: per row, `"stop"` (a stop token was emitted) or `"length"`.
         num_speculative_tokens: N used.
         times: wall times per step (see `StepTimes`).
+        verify_lengths: per row, per step, the step's verify length: the drafted tokens it could
+            accept (N with `verify="chain"`, 1..N with `"adaptive"`, 0 for AR); `accepted[b][k] <=
+            verify_lengths[b][k]`, and a ragged verify would score `verify_lengths[b][k] + 1` rows.
     """
 
     sequences: list[torch.Tensor]
@@ -83,6 +89,7 @@ class SpeculativeOutput:
     finish_reasons: list[str]
     num_speculative_tokens: int
     times: StepTimes = field(default_factory=StepTimes)
+    verify_lengths: list[list[int]] = field(default_factory=list)
 
     @property
     def generated(self) -> list[torch.Tensor]:
@@ -135,6 +142,7 @@ def speculative_generate(
     linear_impl: str = "torch",
     exact_impl: str = "auto",
     progress: Callable[[int], object] | None = None,
+    verify: str = "chain",
 ) -> SpeculativeOutput:
     """Generate with DFlash2 speculative decoding (or the AR baseline), losslessly.
 
@@ -193,6 +201,11 @@ def speculative_generate(
         progress: called on the host with the number of tokens committed over all rows, once
             after the prefill and once per step as its report is read (a progress bar's hook:
             the counts add up to the generated tokens; it never changes an output).
+        verify: the verify-length policy (`dflash2.engine.verify`): `"chain"` (default: every step
+            may accept all N drafted tokens) | `"adaptive"` (per row and step, a length in 1..N set
+            by the row's earlier accepted counts alone, applied by truncating acceptance within the
+            same fixed-shape block; lossless like `"chain"`: greedy equals AR, exact mode bit for
+            bit, sampled output follows the target's law). Recorded in `verify_lengths`.
     Returns:
         `SpeculativeOutput`.
     """
@@ -204,7 +217,7 @@ def speculative_generate(
         target, draft, input_ids, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids, impl=impl,
         timing=timing, exact=exact, exact_block_size=exact_block_size, graphs=graphs, compile_level=compile_level,
-        attention_impl=attention_impl, linear_impl=linear_impl, exact_impl=exact_impl)
+        attention_impl=attention_impl, linear_impl=linear_impl, exact_impl=exact_impl, verify=verify)
     tgt: TargetModel = checked.target
     rows, n_spec, draft = checked.rows, checked.num_speculative_tokens, checked.draft
     proposer_like = draft is not None and hasattr(draft, "propose")
@@ -215,7 +228,8 @@ def speculative_generate(
     plen_host = [r.numel() for r in rows]
     p_max = max(plen_host)
     if max_new_tokens == 0:
-        return SpeculativeOutput([r.cpu() for r in rows], [[] for _ in rows], plen_host, ["length"] * bsz, n_spec)
+        return SpeculativeOutput([r.cpu() for r in rows], [[] for _ in rows], plen_host, ["length"] * bsz, n_spec,
+                                 verify_lengths=[[] for _ in rows])
 
     engine = checked.settings  # resolved once, passed down (dflash2.engine.settings): nothing is set on the models
     if engine.compile_level is not None:
@@ -343,11 +357,12 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
     history = state.reports.history(steps)
     acc_hist, act_hist = history[:, ACC, :bsz], history[:, ACTIVE, :bsz] == 1
     accepted = [acc_hist[act_hist[:, b], b].tolist() for b in range(bsz)]
+    verify_lengths = [history[act_hist[:, b], VLEN, b].tolist() for b in range(bsz)]
     gen_host = [1] * bsz if last is None else (last[END, :bsz] - np.asarray(plen_host)).tolist()
     tok_cpu = state.tokens[:bsz].cpu()
     reasons = ["stop" if h else "length" for h in state.hit_stop[:bsz].tolist()]
     seqs = [tok_cpu[b, : plen_host[b] + gen_host[b]].clone() for b in range(bsz)]
-    return SpeculativeOutput(seqs, accepted, plen_host, reasons, n_spec, times)
+    return SpeculativeOutput(seqs, accepted, plen_host, reasons, n_spec, times, verify_lengths)
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ import torch
 
 from dflash2.engine.compiled import COMPILE_LEVELS
 from dflash2.engine.settings import EXACT_IMPLS, EngineSettings
+from dflash2.engine.verify import VERIFY_POLICIES
 from dflash2.kernels.dispatch import IMPLS, resolve_impl
 from dflash2.target import TargetModel, as_target
 
@@ -39,7 +40,8 @@ class GenerateInputs:
     non-empty list of ints; `num_speculative_tokens` is resolved (0 = AR, draft dropped);
     `seed` is None, an int, or one int per row; `settings` holds the kernels resolved for the
     target's device, exact mode with its padded width (resolved even when exact mode is off),
-    the compile level and whether graphs replay (`dflash2.engine.settings`)."""
+    the compile level, whether graphs replay and the verify policy (`"chain"` whenever N = 0)
+    (`dflash2.engine.settings`)."""
 
     target: TargetModel
     draft: object | None
@@ -282,6 +284,7 @@ def check_generate_inputs(
     attention_impl="auto",
     linear_impl="torch",
     exact_impl="auto",
+    verify="chain",
 ) -> GenerateInputs:
     """Check every argument of `speculative_generate` (same names) on the host.
 
@@ -367,6 +370,9 @@ def check_generate_inputs(
         _fail("attention_impl", f"is {attention_impl!r}", f"use one of {IMPLS}")
     if linear_impl not in IMPLS:
         _fail("linear_impl", f"is {linear_impl!r}", f"use one of {IMPLS}")
+    if not isinstance(verify, str) or verify not in VERIFY_POLICIES:
+        _fail("verify", f"is {verify!r}", "use 'chain' (verify every drafted token, the default) or 'adaptive' "
+              "(per row, a verify length set by the row's earlier steps)")
     linear = resolve_impl(linear_impl, tgt.device)
     if linear == "triton" and exact:
         _fail("linear_impl", "is 'triton' with exact=True (exact mode picks its own kernels: exact_impl)",
@@ -374,5 +380,6 @@ def check_generate_inputs(
     settings = EngineSettings(kernel_impl=resolve_impl(impl, tgt.device),
                               attention_impl=resolve_impl(attention_impl, tgt.device), linear_impl=linear,
                               exact=exact, exact_block_size=exact_block_size, exact_impl=exact_kind,
-                              compile_level=compile_level, graphs=use_graphs)
+                              compile_level=compile_level, graphs=use_graphs,
+                              verify="chain" if n_spec == 0 else verify)
     return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, settings)

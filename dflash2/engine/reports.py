@@ -1,7 +1,7 @@
 """The decoding step's report, read by the host without blocking on the step it just launched.
 
 Each step of `DecodeState.step` ends by writing a `[REPORT_ROWS, B]` int64 report into a static
-device buffer (rows `ACC`, `NEW`, `DONE`, `BAD`, `ACTIVE`, `END` below). `StepReports.post(k)`
+device buffer (rows `ACC`, `NEW`, `DONE`, `BAD`, `ACTIVE`, `END`, `VLEN` below). `StepReports.post(k)`
 enqueues a copy of it into row `k` of a host buffer (pinned memory on CUDA, `non_blocking=True`,
 then a CUDA event) right after step k is launched; `wait(k)` blocks until that copy has landed.
 The loop in `dflash2.engine.generate` posts step k+1 before it waits for step k, so the device
@@ -28,7 +28,8 @@ DONE = 2  # 1 once the row is finished (budget reached or a stop token committed
 BAD = 3  # 1 if an active row's target or draft logits were NaN / +inf / all -inf
 ACTIVE = 4  # 1 if the row was still generating when the step began
 END = 5  # committed tokens of the row (prompt + generated) after the step
-REPORT_ROWS = 6
+VLEN = 6  # the step's verify length: drafted tokens it could accept (N, or less with verify="adaptive")
+REPORT_ROWS = 7
 
 
 class StepReports:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dflash2.engine.verify import VERIFY_POLICIES
+
 RESOLVED_IMPLS = ("torch", "triton")
 EXACT_IMPLS = ("rows", "invariant")
 EXACT_SPLIT_KEYS = 256  # invariant exact mode: key slots per attention split, at fixed absolute boundaries
@@ -42,6 +44,8 @@ class EngineSettings:
             captured under it keep its buffers), `"torch"` leaves `F.linear`.
         compile_level: None, `"light"` or `"full"` (`dflash2.engine.compiled`).
         graphs: the steady-state step replays CUDA graphs (`dflash2.engine.graphs`).
+        verify: the verify-length policy, `"chain"` (every drafted token) or `"adaptive"` (per
+            row, a length fixed by the row's earlier steps; `dflash2.engine.verify`).
     """
 
     kernel_impl: str
@@ -52,6 +56,7 @@ class EngineSettings:
     exact_impl: str = "rows"
     compile_level: str | None = None
     graphs: bool = False
+    verify: str = "chain"
 
     def __post_init__(self):
         for name in ("kernel_impl", "attention_impl", "linear_impl"):
@@ -59,6 +64,8 @@ class EngineSettings:
                 raise ValueError(f"{name} must be resolved to one of {RESOLVED_IMPLS}, got {getattr(self, name)!r}")
         if self.exact_impl not in EXACT_IMPLS:
             raise ValueError(f"exact_impl must be one of {EXACT_IMPLS}, got {self.exact_impl!r}")
+        if self.verify not in VERIFY_POLICIES:
+            raise ValueError(f"verify must be one of {VERIFY_POLICIES}, got {self.verify!r}")
 
     @property
     def invariant_exact(self) -> bool:

@@ -2,7 +2,8 @@
 
 `DecodeState` holds every buffer the steady-state step reads or writes (tokens, per-row lengths,
 budgets and finished flags, the target cache, the draft's proposer with its context cache, the
-next step's context features, the `[REPORT_ROWS, B]` report) and `DecodeState.step` updates them in place.
+next step's context features, each row's next verify length, the `[REPORT_ROWS, B]` report) and
+`DecodeState.step` updates them in place.
 The step reads nothing else: no per-call Python value is baked into it (the token budget is a
 per-row tensor), so a CUDA graph captured from it by one call replays correctly in the next.
 
@@ -35,6 +36,7 @@ from dflash2.engine.draft import DraftStep, Proposal
 from dflash2.engine.reports import REPORT_ROWS, StepReports
 from dflash2.engine.settings import EXACT_SPLIT_KEYS, EngineSettings
 from dflash2.engine.sampling import filter_logits, invalid_rows
+from dflash2.engine.verify import initial_lengths, next_lengths, verify_within
 from dflash2.kernels.linear import MAX_ROWS, FusedLinears, SmallMLinearMode, fusable_groups
 from dflash2.kernels.verify import verify_block
 from dflash2.target import TargetModel
@@ -177,7 +179,8 @@ class DecodeState:
         n_stops: number of stop tokens (None: no stop tokens).
         layer_ids: target layers whose features the draft reads.
         engine: the call's `EngineSettings` (kernels, exact mode: row-by-row target forwards over
-            the whole buffer, compile level, graphs); a kept state serves only calls with equal ones.
+            the whole buffer, compile level, graphs, verify policy); a kept state serves only calls
+            with equal ones.
         key: the reuse key (`state_key`), or None for a state of one call.
     """
 
@@ -227,6 +230,9 @@ class DecodeState:
         self.temps = torch.zeros(batch, dtype=torch.float32, device=device)
         self.seeds = torch.zeros(batch, **longs)
         self.stops = None if n_stops is None else torch.zeros(n_stops, **longs)
+        # Per row, the verify length of the next step (dflash2.engine.verify): set by `load` and by
+        # each step from its own outcome, so a step's length is fixed before it runs.
+        self.verify_len = initial_lengths(engine.verify, batch, n_spec, device)
         self.cache = StaticTargetCache(tgt.config, batch, max_len, tgt.dtype, device)
         self.arange_blk = torch.arange(n_spec + 1, device=device)
         self.arange_w = torch.arange(width, device=device)
@@ -282,6 +288,7 @@ class DecodeState:
             self.stops.copy_(stops)
         self.gen.fill_(1)
         self.hit_stop.zero_()
+        self.verify_len.fill_(self.n_spec)
         self.cache.set_lengths(self.plens)
         if hasattr(self.proposer, "cache"):  # a DFlash2 proposer's draft context cache starts empty
             self.proposer.cache.reset()
@@ -371,8 +378,13 @@ class DecodeState:
         bad = invalid_rows(logits)
         if prop is not None and prop.invalid is not None:
             bad = bad | prop.invalid
-        acc, nxt = verify_block(self.target_probs_input(logits), d, cand, q, self.temps, self.seeds, start + 1,
-                                impl=self.engine.kernel_impl)
+        lengths = self.verify_len  # [B]: fixed by the earlier steps, never by this one's logits
+        if self.engine.verify == "chain":
+            acc, nxt = verify_block(self.target_probs_input(logits), d, cand, q, self.temps, self.seeds, start + 1,
+                                    impl=self.engine.kernel_impl)
+        else:  # accept at most lengths[b] drafted tokens: verify_block of the truncated block, same shapes
+            acc, nxt = verify_within(self.target_probs_input(logits), d, cand, q, self.temps, self.seeds, start + 1,
+                                     lengths, impl=self.engine.kernel_impl)
         # ---- commit d_1..d_acc then nxt, truncated by the budget and the first stop token
         acc = torch.where(active, acc, 0)
         new = torch.cat([d, torch.zeros_like(nxt)[:, None]], dim=1).scatter(1, acc[:, None], nxt[:, None])
@@ -400,5 +412,7 @@ class DecodeState:
         self.ctx_counts.copy_(acc + 1)
         self.first_context = None
         self.report.copy_(torch.stack([acc, n_new, done.long(), (bad & active).long(), active.long(),
-                                       self.plens + gen]))  # rows: dflash2.engine.reports
+                                       self.plens + gen, lengths]))  # rows: dflash2.engine.reports
+        if self.engine.verify != "chain":  # the next step's lengths, from this step's outcome (after the report)
+            self.verify_len.copy_(torch.where(active, next_lengths(self.engine.verify, lengths, acc, n_spec), lengths))
         return t0
