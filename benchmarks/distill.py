@@ -117,16 +117,40 @@ def bench(target, bs: int, args, arms: int = 1) -> dict:
 
 
 def profile_steps(step_fn, steps) -> str:
-    """`torch.profiler` tables (by GPU time, by host time) of `step_fn(s)` over `steps`."""
+    """`torch.profiler` tables of `step_fn(s)` over `steps`: the trainer's phases (`phase_table`),
+    then the heaviest ops by GPU time and by host time."""
     from torch.profiler import ProfilerActivity, profile
 
+    steps = list(steps)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for s in steps:
             step_fn(s)
         torch.cuda.synchronize()
     events = prof.key_averages()
-    return (events.table(sort_by="cuda_time_total", row_limit=35) + "\n"
+    return (phase_table(events, len(steps)) + "\n"
+            + events.table(sort_by="cuda_time_total", row_limit=35) + "\n"
             + events.table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+def phase_table(events, n_steps: int) -> str:
+    """Markdown: per `distill.*` profiler range of the trainer (batch, target_pass, mask, forward,
+    backward, optimizer), its calls, host ms and GPU ms per step (GPU = kernels launched inside the
+    range on its thread), and the GPU time outside every range (the autograd engine's backward
+    kernels, launched on its own thread, land there). `events`: `profile.key_averages()`."""
+    def gpu(e) -> float:
+        return float(getattr(e, "device_time_total", 0.0) or 0.0)
+
+    per = max(int(n_steps), 1) * 1000.0   # us over all steps -> ms per step
+    phases = sorted((e for e in events if e.key.startswith("distill.")), key=lambda e: e.key)
+    total_gpu = sum(float(getattr(e, "self_device_time_total", 0.0) or 0.0) for e in events)
+    lines = ["| phase | calls / step | host ms / step | GPU ms / step |", "|---|---|---|---|"]
+    for e in phases:
+        lines.append(f"| {e.key[len('distill.'):]} | {e.count / max(n_steps, 1):g} | {e.cpu_time_total / per:.2f} | "
+                     f"{gpu(e) / per:.2f} |")
+    outside = total_gpu - sum(gpu(e) for e in phases)
+    lines.append(f"| outside the ranges (backward's autograd thread) | - | - | {outside / per:.2f} |")
+    lines.append(f"| all | - | - | {total_gpu / per:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:

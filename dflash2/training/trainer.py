@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 
 from dflash2.entrypoint import UserError
 from dflash2.training.data import TrainingData, collate
@@ -256,26 +257,29 @@ class Distiller:
         """Device batch (target outputs + layout) and its attention mask for `samples`, whose anchors
         are drawn from `keys` = [(epoch, index)] per sample."""
         A = self.tc.num_anchors
-        anchors, valid = zip(*(sample_anchors(s["loss_mask"], s["doc_ids"], A,
-                                              torch.Generator().manual_seed(anchor_seed(self.tc.seed, e, i)))
-                               for s, (e, i) in zip(samples, keys)))
-        batch = pad_to_multiple(collate(samples), self.pad_to)
-        batch = {k: self._to_device(v) for k, v in batch.items()}
-        anchors, valid = self._to_device(torch.stack(anchors)), self._to_device(torch.stack(valid))
-        lay = build_layout(batch["input_ids"], batch["loss_mask"], batch["position_ids"], batch["doc_ids"],
-                           anchors, valid, self.block, self.draft.config.mask_token_id)
-        if self.target_cache is not None:
-            # Held-out batches use epoch -1 and index their own list: key by (split, index).
-            tgt = self.target_cache.outputs([(e < 0, i) for e, i in keys], samples, batch["input_ids"].shape[1])
-        else:
-            tgt = target_pass(self.target, batch, self.layer_ids, keep_last=self.tc.loss == "kl")
-        if self.acc.mixed_precision == "no":   # fp32 draft without autocast: feed it fp32
-            tgt = {k: (v.float() if v.is_floating_point() else v) for k, v in tgt.items()}
-        if self.attention == "flex":
-            mask = flex_block_mask(lay, batch["doc_ids"], batch["position_ids"], self.draft.config,
-                                   compile=self.device.type == "cuda")
-        else:
-            mask = dense_mask(lay, batch["doc_ids"], batch["position_ids"], self.draft.config)
+        with record_function("distill.batch"):   # profiler ranges (benchmarks.distill --profile)
+            anchors, valid = zip(*(sample_anchors(s["loss_mask"], s["doc_ids"], A,
+                                                  torch.Generator().manual_seed(anchor_seed(self.tc.seed, e, i)))
+                                   for s, (e, i) in zip(samples, keys)))
+            batch = pad_to_multiple(collate(samples), self.pad_to)
+            batch = {k: self._to_device(v) for k, v in batch.items()}
+            anchors, valid = self._to_device(torch.stack(anchors)), self._to_device(torch.stack(valid))
+            lay = build_layout(batch["input_ids"], batch["loss_mask"], batch["position_ids"], batch["doc_ids"],
+                               anchors, valid, self.block, self.draft.config.mask_token_id)
+        with record_function("distill.target_pass"):
+            if self.target_cache is not None:
+                # Held-out batches use epoch -1 and index their own list: key by (split, index).
+                tgt = self.target_cache.outputs([(e < 0, i) for e, i in keys], samples, batch["input_ids"].shape[1])
+            else:
+                tgt = target_pass(self.target, batch, self.layer_ids, keep_last=self.tc.loss == "kl")
+            if self.acc.mixed_precision == "no":   # fp32 draft without autocast: feed it fp32
+                tgt = {k: (v.float() if v.is_floating_point() else v) for k, v in tgt.items()}
+        with record_function("distill.mask"):
+            if self.attention == "flex":
+                mask = flex_block_mask(lay, batch["doc_ids"], batch["position_ids"], self.draft.config,
+                                       compile=self.device.type == "cuda")
+            else:
+                mask = dense_mask(lay, batch["doc_ids"], batch["position_ids"], self.draft.config)
         out = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], **tgt,
                "block_ids": lay.block_ids, "block_pos": lay.block_pos, "data_idx": lay.data_idx,
                "label_mask": lay.label_mask, "pred_ids": lay.pred_ids, "anchor_valid": lay.anchor_valid,
@@ -331,20 +335,22 @@ class Distiller:
             sync = (contextlib.nullcontext() if j == len(batches) - 1 else
                     fsdp_no_sync(self.model) if self.fsdp else self.acc.no_sync(self.model))
             with sync:
-                with self.acc.autocast():
+                with self.acc.autocast(), record_function("distill.forward"):
                     loss, p = self.model(batch, mask, self._embed, self._head, self.target.lm_head_weight)
-                self.acc.backward(loss / len(batches))
+                with record_function("distill.backward"):
+                    self.acc.backward(loss / len(batches))
             parts = p if parts is None else parts + p
-        if self.fsdp:   # DTensor-aware in torch; the norm comes back as a replicated DTensor
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.tc.grad_clip)
-            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        else:
-            grad_norm = self.acc.clip_grad_norm_(self.params, self.tc.grad_clip)
-        grad_norm = grad_norm.detach().float()
-        self._unchecked.append((step + 1, torch.cat([parts[:3].float(), grad_norm.reshape(1)])))
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with record_function("distill.optimizer"):
+            if self.fsdp:   # DTensor-aware in torch; the norm comes back as a replicated DTensor
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.tc.grad_clip)
+                grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+            else:
+                grad_norm = self.acc.clip_grad_norm_(self.params, self.tc.grad_clip)
+            grad_norm = grad_norm.detach().float()
+            self._unchecked.append((step + 1, torch.cat([parts[:3].float(), grad_norm.reshape(1)])))
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
         return parts, grad_norm, tokens
 
     def check_finite(self) -> None:
