@@ -8,8 +8,8 @@ Settings (`--shape`):
 Samples are one document each (the first 50 tokens prompt); bf16 autocast, FlexAttention, the
 real `Distiller.train_step` (target pass + draft forward, chunked head + losses, backward, clip,
 AdamW). Warm-up steps (compile) are excluded; the timed steps end with `torch.cuda.synchronize()`.
-`--profile` runs two more steps under `torch.profiler` and writes the heaviest ops (GPU and host
-time) to `$OUT/bench_distill_profile.txt`: a diagnosis, in no figure.
+`--profile` runs two more steps under `torch.profiler` and writes the trainer's phases and the
+heaviest ops (GPU and host time) to `$OUT/bench_distill_profile.txt`: a diagnosis, in no figure.
 
     python -m benchmarks.distill                         # batch sizes 4, 8, 16
     python -m benchmarks.distill --batch-sizes 8 --no-checkpoint-head --grad-ckpt
