@@ -51,6 +51,7 @@ class TrainSpec:
     gradient_checkpointing: bool = False
     attention: str = "auto"               # auto (flex on CUDA, dense on CPU) | flex | dense
     pad_to: int = 0                       # pad S to a multiple (0: 256 on CUDA, 1 on CPU)
+    compile: bool = False                 # torch.compile the draft's training forward and losses (Inductor)
     # Bookkeeping.
     log_every: int = 1
     checkpoint_every: int = 100

@@ -119,6 +119,15 @@ class DistillObjective(nn.Module):
             raise ValueError("train.head_loss=fused needs a plain head (no output multiplier or logit softcap)")
         self.fused_head = spec.head_loss == "fused" or (spec.head_loss == "auto" and spec.loss == "ce" and plain_head)
         self._ce_grad = ce_and_logits_grad          # compiled on the first CUDA call (`_chunk`)
+        self.compiled = False
+
+    def compile_forward(self) -> None:
+        """Run `forward` (the draft, both losses and their statistics) as one `torch.compile`d
+        function from now on (Inductor, static shapes: one compile per padded length, and one more
+        for the no-grad held-out pass). The CE gradient then stays inside that graph instead of
+        its own compiled kernel. Same math as eager; Inductor's fusions change rounding only."""
+        self.compiled = True
+        self.forward = torch.compile(self.forward, dynamic=False)
 
     def forward(self, batch: dict[str, torch.Tensor], mask, embed, head, head_weight=None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,7 +195,7 @@ class DistillObjective(nn.Module):
         sel = d.candidate_selector
         mass = torch.zeros((), device=h.device, dtype=torch.float64)
         if self.fused_head:
-            if h.device.type == "cuda" and self._ce_grad is ce_and_logits_grad:
+            if h.device.type == "cuda" and self._ce_grad is ce_and_logits_grad and not self.compiled:
                 self._ce_grad = _compiled_or_eager(ce_and_logits_grad)
             with torch.no_grad():
                 z = head(h)                                                  # [N, V], the head's dtype

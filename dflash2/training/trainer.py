@@ -194,6 +194,10 @@ class Distiller:
         objective = DistillObjective(self.draft, self.tc.objective()).to(self.device)
         if self.fsdp and shard_objective(objective, self.device, accelerator):
             self.draft.layer_checkpointing = True
+        if self.tc.compile:
+            if self.fsdp:
+                raise UserError("train.compile=true with FSDP: the sharded objective runs eagerly; drop one")
+            objective.compile_forward()
         # After sharding, the parameters are the sharded DTensors the optimizer must own.
         params = [p for p in (objective if self.fsdp else self.draft).parameters() if p.requires_grad]
         names = {id(p): n for n, p in objective.named_parameters()}
