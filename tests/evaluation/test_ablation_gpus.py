@@ -22,6 +22,7 @@ import torch
 
 from dflash2 import ablation
 from dflash2.ablation import Ablation, SpeedRun, load_plan
+from dflash2.placement import schedule
 
 ARMS = ("dflash2", "conv_only", "v1")
 # Stands in for every job: records (job argv, CUDA_VISIBLE_DEVICES, start, end), sleeps a little.
@@ -203,3 +204,20 @@ def test_two_gpus_train_the_arms_in_two_processes_into_the_same_layout(tmp_path,
     assert v1_log.count("\n$ ") == 2 and v1_log.split("\n$ ")[-1].splitlines()[0].endswith("resume=true")
     assert (two / "logs" / "train_dflash2+conv_only.log").read_text().count("\n$ ") == 1
     assert (two / "train" / "v1" / "final" / "model.safetensors").read_bytes() == before
+
+
+def test_the_15b_plan_is_the_05b_plan_with_its_target_on_four_gpus(tmp_path):
+    from dataclasses import asdict
+
+    small, large = asdict(load_plan("qwen05b")), asdict(load_plan("qwen15b"))
+    assert small.pop("common") == ["target=qwen2.5-coder-0.5b", "target.dequantized_cache=true", "hardware=gpu"]
+    assert large.pop("common") == ["target=qwen2.5-coder-1.5b", "target.dequantized_cache=true", "hardware=gpu"]
+    assert (small.pop("name"), small.pop("gpus"), small.pop("parallel")) == ("qwen05b", 1, 7)
+    assert (large.pop("name"), large.pop("gpus"), large.pop("parallel")) == ("qwen15b", 4, 2)
+    assert small == large                   # data, arms, steps, evaluation, sweep, timing runs, resamples
+    abl = Ablation(load_plan("qwen15b"), tmp_path)
+    assert [(j.name, j.gpu) for j in abl.jobs("train")] == [("train_dflash2", 0), ("train_conv_only", 1),
+                                                            ("train_v1", 2)]
+    assert [j.gpu for j in abl.jobs("regen")] == [0]
+    # The 7 evaluation jobs start together, 2 / 2 / 2 / 1 per GPU.
+    assert schedule([1.0] * len(abl.jobs("eval")), 4, 2) == [0, 1, 2, 3, 0, 1, 2]
