@@ -206,3 +206,40 @@ def build_tree(unary: torch.Tensor, cand_ids: torch.Tensor, eta: torch.Tensor, p
     DFlash2 proposal (the proposer's `selector_walk` inputs; shapes as there)."""
     edges = tree_edge_scores(unary, cand_ids, eta, pred_codebook, succ_codebook, anchor)
     return expand_tree(edges, cand_ids, anchor, budget, chain)
+
+
+def accept_greedy(tree: TokenTree, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy acceptance of a token tree (module docstring).
+
+    Args:
+        tree: `B` nodes per request.
+        target_argmax: `[Bt, B]` int64, the target's argmax at every node (its next token after
+            the node's root path).
+    Returns:
+        `(accepted [Bt] int64, path [Bt, B - 1] int64, bonus [Bt] int64)`: `accepted` = the
+        accepted path's length (the deepest accepted node's depth, ties -> lowest node index),
+        `path[:, :accepted]` its node indices at depths 1..accepted (-1 after), `bonus` =
+        `target_argmax` at that deepest node (the token after the accepted path).
+    """
+    bsz, budget = tree.tokens.shape
+    dev = tree.tokens.device
+    rows = torch.arange(bsz, device=dev)
+    ok = torch.zeros(bsz, budget, dtype=torch.bool, device=dev)
+    ok[:, 0] = True
+    for i in range(1, budget):
+        par = tree.parent[:, i].clamp(min=0)
+        hit = tree.tokens[:, i] == target_argmax[rows, par]
+        ok[:, i] = tree.valid[:, i] & (tree.parent[:, i] >= 0) & ok[rows, par] & hit
+    deep = torch.where(ok, tree.depth, -1)
+    best = _first_true(deep == deep.max(-1, keepdim=True).values)  # deepest, lowest index
+    accepted = tree.depth[rows, best]
+    bonus = target_argmax[rows, best]
+    path = torch.full((bsz, budget), -1, dtype=torch.long, device=dev)  # last column: a dump slot
+    node = best
+    for _ in range(budget - 1):  # walk up: the node at depth d goes to column d - 1
+        d = tree.depth[rows, node]
+        live = d > 0
+        col = torch.where(live, d - 1, budget - 1)
+        path.scatter_(1, col[:, None], torch.where(live, node, -1)[:, None])
+        node = torch.where(live, tree.parent[rows, node].clamp(min=0), node)
+    return accepted, path[:, :budget - 1], bonus

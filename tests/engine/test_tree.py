@@ -175,3 +175,102 @@ def test_rows_are_independent() -> None:
 def test_budget_must_be_positive() -> None:
     with pytest.raises(ValueError, match="budget"):
         build_tree(*_problem(1, 2, 2), budget=0)
+
+
+def _hand_tree():
+    """root(5) -> a(10) -> b(11) -> c(12); a -> d(13); root -> e(14) -> f(15); one padding node."""
+    from dflash2.engine.tree import TokenTree
+
+    tokens = torch.tensor([[5, 10, 11, 12, 14, 13, 15, 5]])
+    parent = torch.tensor([[-1, 0, 1, 2, 0, 1, 4, -1]])
+    depth = torch.tensor([[0, 1, 2, 3, 1, 2, 2, 0]])
+    valid = torch.tensor([[True] * 7 + [False]])
+    zeros = torch.zeros_like(tokens)
+    return TokenTree(tokens, parent, depth, zeros, zeros.float(), valid, valid)
+
+
+@pytest.mark.parametrize("argmax,accepted,path,bonus", [
+    # target after: root, a, b, c, e, d, f, pad
+    ([10, 11, 12, 99, 98, 97, 96, 95], 3, [1, 2, 3], 99),  # the whole left branch, bonus at c
+    ([10, 13, 77, 99, 15, 66, 96, 95], 2, [1, 5], 66),  # a then d (b rejected), bonus at d
+    ([14, 11, 12, 99, 15, 97, 88, 95], 2, [4, 6], 88),  # the other branch: e then f
+    ([42, 11, 12, 99, 15, 97, 88, 5], 0, [], 42),  # nothing: the bonus is the target's token at the root
+    ([10, 99, 12, 99, 98, 97, 96, 95], 1, [1], 99),  # a only; b's match under a rejected parent is ignored
+])
+def test_greedy_acceptance_on_a_hand_tree(argmax, accepted, path, bonus) -> None:
+    from dflash2.engine.tree import accept_greedy
+
+    tree = _hand_tree()
+    acc, got_path, got_bonus = accept_greedy(tree, torch.tensor([argmax]))
+    assert acc.tolist() == [accepted] and got_bonus.tolist() == [bonus]
+    assert got_path[0].tolist() == path + [-1] * (7 - len(path))
+
+
+def test_greedy_acceptance_deepest_then_lowest_index() -> None:
+    """Two accepted paths of the same depth (duplicate tokens under different parents): the lower
+    node index wins; padding whose token happens to match is never accepted."""
+    from dflash2.engine.tree import TokenTree, accept_greedy
+
+    tokens = torch.tensor([[5, 10, 10, 20, 20, 5]])
+    parent = torch.tensor([[-1, 0, 0, 1, 2, -1]])
+    depth = torch.tensor([[0, 1, 1, 2, 2, 0]])
+    valid = torch.tensor([[True] * 5 + [False]])
+    tree = TokenTree(tokens, parent, depth, torch.zeros_like(tokens), torch.zeros(1, 6), valid, valid)
+    acc, path, bonus = accept_greedy(tree, torch.tensor([[10, 20, 20, 7, 8, 9]]))
+    assert acc.tolist() == [2] and path[0, :2].tolist() == [1, 3] and bonus.tolist() == [7]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_chain_tree_acceptance_equals_verify_block(seed) -> None:
+    """On a chain-shaped tree (k = 1, or B = N + 1) greedy tree acceptance is `verify_block` at
+    T = 0 on the block [anchor, chain]: same accepted count, same next token. The target's argmax
+    at node d is the argmax of block row d; logits are drawn so that acceptance stops anywhere."""
+    from dflash2.engine.tree import accept_greedy
+    from dflash2.kernels.verify import verify_block
+
+    g = torch.Generator().manual_seed(seed)
+    bsz, n, k, vocab = 8, 5, 3, 12
+    problem = _problem(bsz, n, k, vocab=vocab, seed=seed)
+    tokens, chosen, q = _walk(problem)
+    tree = build_tree(*problem, budget=n + 1)
+    logits = torch.randn(bsz, n + 1, vocab, generator=g)
+    stop = torch.randint(0, n + 1, (bsz,), generator=g)  # row b matches the draft before `stop[b]`
+    for b in range(bsz):
+        for j in range(int(stop[b])):
+            logits[b, j, tokens[b, j]] = 10.0
+    zeros = torch.zeros(bsz, dtype=torch.long)
+    acc_ref, next_ref = verify_block(logits, tokens, problem[1], q, torch.zeros(bsz), zeros, zeros, impl="torch")
+    target_argmax = logits.argmax(-1).gather(1, tree.depth)  # node i's row is its depth
+    acc, path, bonus = accept_greedy(tree, target_argmax)
+    assert torch.equal(acc, acc_ref) and torch.equal(bonus, next_ref)
+    assert (acc >= stop).all()
+    for b in range(bsz):
+        assert path[b, :acc[b]].tolist() == list(range(1, int(acc[b]) + 1))
+
+
+def test_tree_accepts_at_least_the_chain() -> None:
+    """A tree with the chain inside accepts at least what the chain does, and more when the
+    target follows a branch off the chain (here: the first best-first node's root path)."""
+    from dflash2.engine.tree import accept_greedy
+
+    bsz, n = 4, 4
+    problem = _problem(bsz, n, 3, seed=5)
+    tree = build_tree(*problem, budget=12)
+    chain = build_tree(*problem, budget=n + 1)
+    target = torch.full((bsz, 12), -1, dtype=torch.long)
+    target[0, :n] = tree.tokens[0, 1:n + 1]  # row 0: the target follows the chain
+    want, want_chain = [n], [n]
+    for b in range(1, bsz):
+        node, path = n + 1, []  # the first node past the chain
+        while node > 0:
+            path.append(node)
+            node = int(tree.parent[b, node])
+        path.reverse()
+        for par, child in zip([0] + path[:-1], path):
+            target[b, par] = tree.tokens[b, child]
+        want.append(len(path))
+        want_chain.append(sum(1 for _ in itertools.takewhile(lambda i: i <= n, path)))  # chain nodes: 1..N
+    acc, _, bonus = accept_greedy(tree, target)
+    acc_chain, _, _ = accept_greedy(chain, target[:, :n + 1])
+    assert acc.tolist() == want and acc_chain.tolist() == want_chain
+    assert (acc > acc_chain)[1:].all() and (bonus == -1).all()
