@@ -30,6 +30,7 @@ from dflash2.kernels.dynamic_conv import (_grouped_dynamic_conv_norm_triton, _gr
                                           grouped_dynamic_conv, rms_norm_reference)
 from dflash2.kernels.row_attention import _row_attention_triton, row_attention
 from dflash2.kernels.selector import selector_walk
+from dflash2.kernels.tree_mask import tree_attention_mask
 from dflash2.kernels.topk import _vocab_topk_triton, vocab_topk
 from dflash2.kernels.verify import _verify_block_triton, verify_block
 
@@ -271,6 +272,19 @@ class Table:
         return "\n".join("| " + " | ".join(r) + " |" for r in self.rows)
 
 
+def tree_mask_case(batch: int, nodes: int = 64, context: int = 4096):
+    """The tree verify's attention mask: `nodes` nodes (a binary-ish tree: node i under (i-1)//2)
+    over `context` committed slots plus the tree's own."""
+    dev = "cuda"
+    idx = torch.arange(nodes, device=dev)
+    parent = torch.where(idx > 0, (idx - 1) // 2, -1).expand(batch, nodes).contiguous()
+    ctx = torch.full((batch,), context, device=dev)
+    kv = context + nodes
+    tri = [lambda: tree_attention_mask(parent, ctx, kv, impl="triton")]
+    ref = [lambda: tree_attention_mask(parent, ctx, kv, impl="torch")]
+    return tri, ref, batch * nodes * kv, f"B{batch} nodes{nodes} kv{kv} (bool out)"
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="also write the markdown tables here")
@@ -320,6 +334,8 @@ def main(argv: list[str] | None = None) -> str:
         row("vocab_topk with_invalid (ref: vocab_topk, then invalid_rows)", batch, shape, nbytes, tri, two)
         tri, ref, nbytes, shape = walk_case(batch)
         row("selector_walk", batch, shape, nbytes, tri, ref, reps=10)
+        tri, ref, nbytes, shape = tree_mask_case(batch)
+        row("tree_attention_mask", batch, shape, nbytes, tri, ref, reps=10)
         for sampled in (False, True):
             tri, ref, nbytes, shape = verify_case(batch, sampled)
             row("verify_block", batch, shape, nbytes, tri, ref, reps=10)

@@ -221,6 +221,19 @@ class StaticTargetCache(Cache):
         kw["dfl2_masks"] = {w: visible_mask(pos, b, q, kv, w or None) for w in self.windows}
         return kw
 
+    def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy, in every layer, row b's K/V at slots `src [B, m]` to slots `dst [B, m]` (all read
+        before any is written, so sources may overlap destinations; an entry with `src == dst` is a
+        no-op). Tree verify commits its accepted path this way (`dflash2.engine.tree`)."""
+        for layer in self.layers:
+            if not layer.is_initialized:
+                continue
+            for buf in (layer.keys, layer.values):
+                b, nkv, _, hd = buf.shape
+                idx_src = src[:, None, :, None].expand(b, nkv, src.shape[1], hd)
+                idx_dst = dst[:, None, :, None].expand(b, nkv, dst.shape[1], hd)
+                buf.scatter_(2, idx_dst, buf.gather(2, idx_src))
+
     def set_lengths(self, lengths: torch.Tensor) -> None:
         """Commit/rollback: row `b` keeps slots `< lengths[b]` (no data moves)."""
         self.state.lengths.copy_(lengths)

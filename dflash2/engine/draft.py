@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash2.engine.tree import tree_edge_scores
 from dflash2.kernels.selector import selector_walk
 from dflash2.kernels.topk import vocab_topk
 
@@ -58,7 +59,9 @@ class DraftStep:
 class Proposal:
     """`tokens [B, N]`, their candidate ids `cand_ids [B, N, k]` and fp32 proposal law
     `q [B, N, k]` over those candidates; `invalid [B]` flags rows whose draft logits were
-    NaN/+inf/all -inf (None = not checked); seconds spent drafting and selecting."""
+    NaN/+inf/all -inf (None = not checked); seconds spent drafting and selecting; `edges
+    [B, N, k, k]` fp32, the selector's edge scores for tree verify (`dflash2.engine.tree.
+    tree_edge_scores`; None: not computed, and the tree scores candidates by `log q`)."""
 
     tokens: torch.Tensor
     cand_ids: torch.Tensor
@@ -66,6 +69,7 @@ class Proposal:
     invalid: torch.Tensor | None = None
     draft_s: float = 0.0
     select_s: float = 0.0
+    edges: torch.Tensor | None = None
 
 
 class DFlash2Proposer:
@@ -83,6 +87,7 @@ class DFlash2Proposer:
         attention_impl: the draft's cached attention, resolved (`"torch"` or `"triton"`).
         use_selector: False proposes the per-slot argmax with one-hot q (k = 1) even for a draft
             with a selector (the selector-off ablation); a v1 draft always does.
+        tree: also return the selector's edge scores (`Proposal.edges`) for tree verify.
     All of these are passed to the draft's forward per call; nothing is set on the draft.
     """
 
@@ -90,9 +95,9 @@ class DFlash2Proposer:
 
     def __init__(self, draft, target, batch_size: int, max_len: int, impl: str,
                  clock: Callable[[], float] = time.perf_counter, *, attention_impl: str = "torch",
-                 use_selector: bool = True):
+                 use_selector: bool = True, tree: bool = False):
         self.draft, self.target, self.impl, self.clock = draft, target, impl, clock
-        self.attention_impl = attention_impl
+        self.attention_impl, self.tree = attention_impl, tree
         self.cache = draft.new_cache(batch_size, max_len)
         cfg = draft.config
         self.mask_token_id = int(cfg.mask_token_id)
@@ -156,5 +161,9 @@ class DFlash2Proposer:
                 step.anchor, step.temperature, step.seeds, step.start + 1, impl=self.impl,
             )
             cand_ids = ids
+        edges = None
+        if self.tree and self.selector is not None:
+            edges = tree_edge_scores(values, ids, eta, self.selector.predecessor_codebook,
+                                     self.selector.successor_codebook, step.anchor)
         t2 = self.clock()
-        return Proposal(tokens, cand_ids, q, invalid, draft_s=t1 - t0, select_s=t2 - t1)
+        return Proposal(tokens, cand_ids, q, invalid, draft_s=t1 - t0, select_s=t2 - t1, edges=edges)

@@ -11,6 +11,9 @@ One loop serves both arms. Per step, for every row b (static shapes, per-row len
 
 With `verify="adaptive"` row b accepts at most its verify length L_b <= N of the step, fixed by
 its earlier steps (`dflash2.engine.verify.verify_within`: the block keeps its N + 1 slots).
+With `verify="tree"` (greedy, eager) the target scores a token tree of `tree_budget` nodes built
+from the proposal (`dflash2.engine.tree`) instead of the block, and the accepted root path is
+committed (`DecodeState._tree_verify`).
 
 With `draft=None` or `num_speculative_tokens=0` the block is the anchor alone and
 `verify_block` reduces to sampling (or argmax) from the target: the autoregressive baseline,
@@ -143,6 +146,7 @@ def speculative_generate(
     exact_impl: str = "auto",
     progress: Callable[[int], object] | None = None,
     verify: str = "chain",
+    tree_budget: int | None = None,
 ) -> SpeculativeOutput:
     """Generate with DFlash2 speculative decoding (or the AR baseline), losslessly.
 
@@ -205,7 +209,12 @@ def speculative_generate(
             may accept all N drafted tokens) | `"adaptive"` (per row and step, a length in 1..N set
             by the row's earlier accepted counts alone, applied by truncating acceptance within the
             same fixed-shape block; lossless like `"chain"`: greedy equals AR, exact mode bit for
-            bit, sampled output follows the target's law). Recorded in `verify_lengths`.
+            bit, sampled output follows the target's law). Recorded in `verify_lengths`. `"tree"`:
+            greedy only, eager only (no graphs, no exact mode): each step's target forward runs
+            over a token tree of `tree_budget` nodes (the root, the drafted chain, then the
+            best-first candidates by the selector's path scores; `dflash2.engine.tree`) and
+            commits the longest accepted root path; output equals AR's greedy path.
+        tree_budget: nodes of each step's tree, root included, in 1..64 (`verify="tree"` only).
     Returns:
         `SpeculativeOutput`.
     """
@@ -217,7 +226,8 @@ def speculative_generate(
         target, draft, input_ids, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids, impl=impl,
         timing=timing, exact=exact, exact_block_size=exact_block_size, graphs=graphs, compile_level=compile_level,
-        attention_impl=attention_impl, linear_impl=linear_impl, exact_impl=exact_impl, verify=verify)
+        attention_impl=attention_impl, linear_impl=linear_impl, exact_impl=exact_impl, verify=verify,
+        tree_budget=tree_budget)
     tgt: TargetModel = checked.target
     rows, n_spec, draft = checked.rows, checked.num_speculative_tokens, checked.draft
     proposer_like = draft is not None and hasattr(draft, "propose")
@@ -253,7 +263,7 @@ def speculative_generate(
     # tile by exact_block_size), so a token's bits do not depend on the block it sits in.
     width = engine.exact_block_size if exact and not engine.invariant_exact else n_spec + 1
     # Slots: prompt + max_new_tokens; the last block written reaches start + W - 1 <= P + max_new - 3 + W.
-    max_len = p_max + max_new_tokens + width
+    max_len = p_max + max_new_tokens + max(width, engine.tree_budget)  # a tree writes its B nodes past start
     if exact:
         # One K/V length for every call whose rows fit the same bucket, so a row sees the same
         # attention shapes alone and in any batch (the kernel is tail-invariant as well).
@@ -279,7 +289,7 @@ def speculative_generate(
             # A captured step cannot synchronize, so with graphs the proposer's own phase clock never syncs.
             proposer = DFlash2Proposer(draft, tgt, batch, max_len, engine.kernel_impl,
                                        time.perf_counter if engine.graphs else clock,
-                                       attention_impl=engine.attention_impl)
+                                       attention_impl=engine.attention_impl, tree=engine.verify == "tree")
         state = DecodeState(tgt, proposer, batch=batch, max_len=max_len, key=key, **settings)
         state.lock.acquire()
         if key is not None:
@@ -418,8 +428,9 @@ def _run_steps(state: DecodeState, runner, times: StepTimes, plen_host: list[int
     while not done or launched > seen:
         if not done:
             launched += 1
-            # Rows grow by at most N + 1 per step: bound the K/V length over the steps not yet read.
-            kv_need = end_max + n_spec + (launched - 1 - seen) * (n_spec + 1)
+            # Rows grow by at most N + 1 per step and a step writes `reach` slots past its anchor:
+            # bound the K/V length over the steps not yet read.
+            kv_need = end_max + state.reach + (launched - 1 - seen) * (n_spec + 1)
             if runner is not None and (launched > 1 or state.first_step_replays):
                 # Graph buckets are coarser than eager ones: fewer captures; masked tail slots are free.
                 t0s.append(clock())

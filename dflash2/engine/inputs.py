@@ -52,6 +52,9 @@ class GenerateInputs:
     settings: EngineSettings
 
 
+MAX_TREE_BUDGET = 64  # tree verify: nodes per step's tree (the mask is B x kv per row)
+
+
 def _graphs_arg(graphs, tgt: TargetModel, draft, exact: bool) -> bool:
     """Resolve `graphs` (None = auto) to whether the steady-state step replays CUDA graphs."""
     if graphs is not None and not isinstance(graphs, bool):
@@ -285,6 +288,7 @@ def check_generate_inputs(
     linear_impl="torch",
     exact_impl="auto",
     verify="chain",
+    tree_budget=None,
 ) -> GenerateInputs:
     """Check every argument of `speculative_generate` (same names) on the host.
 
@@ -371,8 +375,28 @@ def check_generate_inputs(
     if linear_impl not in IMPLS:
         _fail("linear_impl", f"is {linear_impl!r}", f"use one of {IMPLS}")
     if not isinstance(verify, str) or verify not in VERIFY_POLICIES:
-        _fail("verify", f"is {verify!r}", "use 'chain' (verify every drafted token, the default) or 'adaptive' "
-              "(per row, a verify length set by the row's earlier steps)")
+        _fail("verify", f"is {verify!r}", "use 'chain' (verify every drafted token, the default), 'adaptive' "
+              "(per row, a verify length set by the row's earlier steps) or 'tree' (greedy: a token tree of "
+              "tree_budget nodes)")
+    if verify == "tree" and n_spec > 0:
+        if tree_budget is None:
+            _fail("tree_budget", "is None with verify='tree'",
+                  "pass tree_budget=B, the nodes of each step's tree (root included), e.g. 2 * (N + 1)")
+        tree_budget = _int_arg("tree_budget", tree_budget, 1, MAX_TREE_BUDGET,
+                               " (nodes of each step's token tree, the root included)")
+        if temperature > 0:
+            _fail("verify", f"is 'tree' with temperature={temperature} (only greedy tree acceptance is built)",
+                  "use temperature=0, or verify='chain' / 'adaptive' to sample")
+        if exact:
+            _fail("verify", "is 'tree' with exact=True (the tree forward has no exact-mode kernels yet)",
+                  "drop one of the two")
+        if graphs:
+            _fail("graphs", "is True with verify='tree' (the tree step runs eagerly)", "pass graphs=None or False")
+        use_graphs = False
+    elif tree_budget is not None and verify != "tree":
+        _fail("tree_budget", f"is {tree_budget!r} but verify is {verify!r}", "pass tree_budget only with verify='tree'")
+    else:
+        tree_budget = 0
     linear = resolve_impl(linear_impl, tgt.device)
     if linear == "triton" and exact:
         _fail("linear_impl", "is 'triton' with exact=True (exact mode picks its own kernels: exact_impl)",
@@ -381,5 +405,5 @@ def check_generate_inputs(
                               attention_impl=resolve_impl(attention_impl, tgt.device), linear_impl=linear,
                               exact=exact, exact_block_size=exact_block_size, exact_impl=exact_kind,
                               compile_level=compile_level, graphs=use_graphs,
-                              verify="chain" if n_spec == 0 else verify)
+                              verify="chain" if n_spec == 0 else verify, tree_budget=tree_budget)
     return GenerateInputs(tgt, draft, rows, n_spec, stops, seed, settings)

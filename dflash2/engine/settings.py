@@ -44,8 +44,10 @@ class EngineSettings:
             captured under it keep its buffers), `"torch"` leaves `F.linear`.
         compile_level: None, `"light"` or `"full"` (`dflash2.engine.compiled`).
         graphs: the steady-state step replays CUDA graphs (`dflash2.engine.graphs`).
-        verify: the verify-length policy, `"chain"` (every drafted token) or `"adaptive"` (per
-            row, a length fixed by the row's earlier steps; `dflash2.engine.verify`).
+        verify: the verify policy, `"chain"` (every drafted token), `"adaptive"` (per row, a
+            length fixed by the row's earlier steps; `dflash2.engine.verify`) or `"tree"` (a token
+            tree of `tree_budget` nodes, greedy and eager only; `dflash2.engine.tree`).
+        tree_budget: nodes of each step's tree, root included (`verify="tree"`; else 0).
     """
 
     kernel_impl: str
@@ -57,6 +59,7 @@ class EngineSettings:
     compile_level: str | None = None
     graphs: bool = False
     verify: str = "chain"
+    tree_budget: int = 0
 
     def __post_init__(self):
         for name in ("kernel_impl", "attention_impl", "linear_impl"):

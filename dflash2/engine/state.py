@@ -31,13 +31,15 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from dflash2.engine.cache import StaticTargetCache
+from dflash2.engine.cache import FULL_WINDOW, StaticTargetCache
 from dflash2.engine.draft import DraftStep, Proposal
 from dflash2.engine.reports import REPORT_ROWS, StepReports
 from dflash2.engine.settings import EXACT_SPLIT_KEYS, EngineSettings
 from dflash2.engine.sampling import filter_logits, invalid_rows
+from dflash2.engine.tree import accept_greedy, expand_tree
 from dflash2.engine.verify import initial_lengths, next_lengths, verify_within
 from dflash2.kernels.linear import MAX_ROWS, FusedLinears, SmallMLinearMode, fusable_groups
+from dflash2.kernels.tree_mask import tree_attention_mask, tree_positions
 from dflash2.kernels.verify import verify_block
 from dflash2.target import TargetModel
 
@@ -234,6 +236,10 @@ class DecodeState:
         # each step from its own outcome, so a step's length is fixed before it runs.
         self.verify_len = initial_lengths(engine.verify, batch, n_spec, device)
         self.cache = StaticTargetCache(tgt.config, batch, max_len, tgt.dtype, device)
+        if engine.verify == "tree" and self.cache.windows != [FULL_WINDOW]:
+            raise ValueError("verify='tree' does not handle sliding-window attention layers yet")
+        self.reach = max(n_spec, engine.tree_budget - 1)  # slots past the anchor a step writes
+        self.arange_tree = torch.arange(max(engine.tree_budget, 1), device=device)
         self.arange_blk = torch.arange(n_spec + 1, device=device)
         self.arange_w = torch.arange(width, device=device)
         self.pad = torch.zeros(batch, width - n_spec - 1, **longs)  # exact-mode pad slots
@@ -339,7 +345,7 @@ class DecodeState:
 
         `record`: a `StepTimes` for the phase readings of an eager step (None inside graphs).
         Returns when the verify phase began (host clock; 0.0 without `record`)."""
-        tgt, n_spec, proposer = self.tgt, self.n_spec, self.proposer
+        n_spec, proposer = self.n_spec, self.proposer
         done, gen, tokens = self.done, self.gen, self.tokens
         context = self.first_context if self.first_context is not None else (
             self.ctx_feats, self.ctx_pos, self.ctx_counts)
@@ -361,30 +367,14 @@ class DecodeState:
             prop, d, cand, q = None, self.empty_d, self.empty_d[..., None], self.empty_q
         # ---- verify: one target forward over [anchor, d_1..d_N] (+ exact-mode padding) at each
         # row's own offset; only the first 1+N slots' logits and features are used.
-        block = torch.cat([anchor[:, None], d, self.pad], dim=1)  # [B, W]
         pos_w = start[:, None] + self.arange_w
-        if self.exact and not self.engine.invariant_exact:
-            all_logits, feats = forward_rows(tgt, block, pos_w, self.cache, self.layer_ids, self.max_len,
-                                             self.engine.attention_impl)
+        lengths = self.verify_len  # [B]: fixed by the earlier steps, never by this one's logits
+        if self.engine.verify == "tree":  # a token tree instead of the block (greedy, eager)
+            d, acc, nxt, feats, bad = self._tree_verify(prop, anchor, start, active, kv_len)
         else:
-            self.cache.prepare(pos_w, kv_len=kv_len)
-            inv = self.engine.invariant_exact  # fixed key splits and query tile: bits independent of B and W
-            out = tgt(block, position_ids=pos_w, past_key_values=self.cache, layer_ids=self.layer_ids,
-                      **self.cache.attention_kwargs(self.engine.attention_impl,
-                                                    split_keys=EXACT_SPLIT_KEYS if inv else None,
-                                                    tile_queries=self.engine.exact_block_size if inv else None))
-            all_logits, feats = out.logits, out.features
-        logits = all_logits[:, : n_spec + 1]  # [B, 1+N, V]
-        bad = invalid_rows(logits)
+            acc, nxt, feats, bad = self._block_verify(anchor, d, cand, q, start, pos_w, lengths, kv_len)
         if prop is not None and prop.invalid is not None:
             bad = bad | prop.invalid
-        lengths = self.verify_len  # [B]: fixed by the earlier steps, never by this one's logits
-        if self.engine.verify == "chain":
-            acc, nxt = verify_block(self.target_probs_input(logits), d, cand, q, self.temps, self.seeds, start + 1,
-                                    impl=self.engine.kernel_impl)
-        else:  # accept at most lengths[b] drafted tokens: verify_block of the truncated block, same shapes
-            acc, nxt = verify_within(self.target_probs_input(logits), d, cand, q, self.temps, self.seeds, start + 1,
-                                     lengths, impl=self.engine.kernel_impl)
         # ---- commit d_1..d_acc then nxt, truncated by the budget and the first stop token
         acc = torch.where(active, acc, 0)
         new = torch.cat([d, torch.zeros_like(nxt)[:, None]], dim=1).scatter(1, acc[:, None], nxt[:, None])
@@ -416,3 +406,68 @@ class DecodeState:
         if self.engine.verify != "chain":  # the next step's lengths, from this step's outcome (after the report)
             self.verify_len.copy_(torch.where(active, next_lengths(self.engine.verify, lengths, acc, n_spec), lengths))
         return t0
+
+    def _block_verify(self, anchor, d, cand, q, start, pos_w, lengths, kv_len):
+        """The chain / adaptive verify: one target forward over `[anchor, d_1..d_N]` (+ exact-mode
+        padding). Returns `(acc [B], nxt [B], feats [B, W, F] or None, bad [B])`."""
+        tgt, n_spec = self.tgt, self.n_spec
+        block = torch.cat([anchor[:, None], d, self.pad], dim=1)  # [B, W]
+        if self.exact and not self.engine.invariant_exact:
+            all_logits, feats = forward_rows(tgt, block, pos_w, self.cache, self.layer_ids, self.max_len,
+                                             self.engine.attention_impl)
+        else:
+            self.cache.prepare(pos_w, kv_len=kv_len)
+            inv = self.engine.invariant_exact  # fixed key splits and query tile: bits independent of B and W
+            out = tgt(block, position_ids=pos_w, past_key_values=self.cache, layer_ids=self.layer_ids,
+                      **self.cache.attention_kwargs(self.engine.attention_impl,
+                                                    split_keys=EXACT_SPLIT_KEYS if inv else None,
+                                                    tile_queries=self.engine.exact_block_size if inv else None))
+            all_logits, feats = out.logits, out.features
+        logits = all_logits[:, : n_spec + 1]  # [B, 1+N, V]
+        bad = invalid_rows(logits)
+        if self.engine.verify == "chain":
+            acc, nxt = verify_block(self.target_probs_input(logits), d, cand, q, self.temps, self.seeds, start + 1,
+                                    impl=self.engine.kernel_impl)
+        else:  # accept at most lengths[b] drafted tokens: verify_block of the truncated block, same shapes
+            acc, nxt = verify_within(self.target_probs_input(logits), d, cand, q, self.temps, self.seeds, start + 1,
+                                     lengths, impl=self.engine.kernel_impl)
+        return acc, nxt, feats, bad
+
+    def _tree_verify(self, prop: Proposal, anchor, start, active, kv_len):
+        """Greedy tree verify (`verify="tree"`, eager): the proposal's token tree of `tree_budget`
+        nodes (`dflash2.engine.tree.expand_tree`, the drafted tokens as its chain; the selector's
+        edges `prop.edges`, or `log q` per candidate when the proposer gives none), one target
+        forward over its nodes (node i's K/V at slot `start + i`, position `start + depth`, the
+        tree mask), greedy acceptance, then the accepted path's K/V moved to the slots of its
+        positions (`start + 1 .. start + acc`; chain nodes are already there).
+
+        Returns `(d [B, N]` the accepted path's tokens (0 past `acc`), `acc [B]`, `nxt [B]` the
+        bonus token, `feats [B, N+1, F]` or None the target features of the root and the path,
+        `bad [B])`.
+        """
+        n, budget = self.n_spec, self.engine.tree_budget
+        d, cand, q = prop.tokens, prop.cand_ids, prop.q
+        chosen = (cand == d[..., None]).int().argmax(-1)  # the drafted chain's candidate indices
+        edges = prop.edges
+        if edges is None:  # no selector edges: every candidate scored by the proposer's law alone
+            edges = torch.log(q.float())[:, :, None, :].expand(-1, -1, cand.shape[-1], -1)
+        tree = expand_tree(edges, cand, anchor, budget, chain=chosen)
+        self.cache.prepare(start[:, None] + self.arange_tree, kv_len=kv_len)
+        mask = tree_attention_mask(tree.parent, start, self.cache.state.kv_len, impl=self.engine.kernel_impl)
+        out = self.tgt(tree.tokens, position_ids=tree_positions(tree.depth, start), past_key_values=self.cache,
+                       layer_ids=self.layer_ids, dfl2_kernel="torch", dfl2_exact=False,
+                       dfl2_masks={FULL_WINDOW: mask})
+        bad = invalid_rows(out.logits)
+        acc, path, bonus = accept_greedy(tree, out.logits.float().argmax(-1))
+        if path.shape[1] < n:
+            path = torch.cat([path, path.new_full((path.shape[0], n - path.shape[1]), -1)], dim=1)
+        path = path[:, :n]
+        on = (self.arange_blk[None, :n] < acc[:, None]) & active[:, None]
+        d = torch.where(on, tree.tokens.gather(1, path.clamp(min=0)), 0)
+        dst = start[:, None] + 1 + self.arange_blk[None, :n]
+        self.cache.move_slots(torch.where(on, start[:, None] + path, dst), dst)
+        feats = None
+        if out.features is not None:
+            nodes = torch.cat([torch.zeros_like(path[:, :1]), path.clamp(min=0)], dim=1)  # [B, N+1]
+            feats = out.features.gather(1, nodes[..., None].expand(-1, -1, out.features.shape[-1]))
+        return d, acc, bonus, feats, bad

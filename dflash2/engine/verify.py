@@ -1,4 +1,4 @@
-"""Verify-length policies of `speculative_generate` (`verify="chain" | "adaptive"`).
+"""Verify policies of `speculative_generate` (`verify="chain" | "adaptive" | "tree"`).
 
 Each step drafts N tokens and the target scores the whole block `[anchor, d_1..d_N]` in one
 forward (fixed shapes: the CUDA graphs capture that width). The policy decides, per row b and
@@ -39,6 +39,10 @@ depends on d_i itself, and low-probability tokens are under-emitted
 (`tests/engine/test_adaptive_verify.py`: the same chi-square test rejects that rule and passes
 this one).
 
+`"tree"` (greedy, eager only) verifies a token tree of `tree_budget` nodes built from the
+proposal instead of the chain (`dflash2.engine.tree`; `DecodeState._tree_verify`); its length is
+N at every step, as for `"chain"`.
+
 The lengths are recorded per row and step (`SpeculativeOutput.verify_lengths`): the target rows a
 ragged verify would run (L + 1), for cost accounting. Today the forward still scores N + 1 rows.
 """
@@ -49,7 +53,7 @@ import torch
 
 from dflash2.kernels.verify import verify_block
 
-VERIFY_POLICIES = ("chain", "adaptive")
+VERIFY_POLICIES = ("chain", "adaptive", "tree")
 ADAPTIVE_GROW = 2  # added to a row's verify length after a step that accepted all of it
 ADAPTIVE_SHRINK = 1  # taken from it after a step with a rejection inside it
 
@@ -63,9 +67,9 @@ def initial_lengths(verify: str, batch: int, n_spec: int, device: torch.device |
 
 def next_lengths(verify: str, lengths: torch.Tensor, accepted: torch.Tensor, n_spec: int) -> torch.Tensor:
     """The next step's verify lengths `[B]` from this step's `lengths [B]` and `accepted [B]`
-    (accepted <= lengths): unchanged (N) for `"chain"`, the module's rule for `"adaptive"`, in
-    `1..N` (0 when N = 0). Device ops only (graph-capturable); reads nothing else."""
-    if verify == "chain" or n_spec == 0:
+    (accepted <= lengths): unchanged (N) for `"chain"` and `"tree"`, the module's rule for
+    `"adaptive"`, in `1..N` (0 when N = 0). Device ops only (graph-capturable); reads nothing else."""
+    if verify != "adaptive" or n_spec == 0:
         return lengths
     grown = torch.clamp(lengths + ADAPTIVE_GROW, max=n_spec)
     shrunk = torch.clamp(lengths - ADAPTIVE_SHRINK, min=1)

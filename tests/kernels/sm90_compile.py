@@ -135,6 +135,7 @@ def cases():
     from dflash2.kernels.selector import _selector_walk_triton
     from dflash2.kernels.silu_mul import silu_mul
     from dflash2.kernels.topk import _vocab_topk_triton
+    from dflash2.kernels.tree_mask import _tree_mask_triton
     from dflash2.kernels.verify import _verify_block_triton
 
     bf16, f32, i64 = torch.bfloat16, torch.float32, torch.int64
@@ -228,6 +229,9 @@ def cases():
     for rows, inter, dt in ((16, 12288, bf16), (64, 1536, f32)):
         out.append((f"silu_mul rows={rows} I={inter} {str(dt)[6:]}", lambda r=rows, i=inter, dt=dt: silu_mul(
             *e(r, 2 * i, dtype=dt).split(i, dim=1), impl="triton")))
+    # the tree verify's attention mask: 64 nodes over a 4096-slot cache, batch 8
+    out.append(("tree_mask B=8 nodes=64 kv=4096", lambda: _tree_mask_triton(
+        torch.full((8, 64), -1, dtype=i64), torch.zeros(8, dtype=i64), 4096)))
     out.append(("keyed_uniform", lambda: keyed_uniform_triton(torch.zeros(8, dtype=i64), 1, torch.zeros(8, dtype=i64),
                                                              torch.arange(8))))
     return out
