@@ -133,20 +133,24 @@ def check_eval_arms(cfg: Any) -> None:
     oracle = sorted(set(int(n) for n in (arms.oracle_num_speculative_tokens or ns or arms.num_speculative_tokens))) \
         if arms.oracle else []
     longest = max(ns + oracle, default=0)
-    width = max([block or 0] + [n + 1 for n in ns + oracle])   # runner.exact_width
+    from dflash2.engine.inputs import exact_width
+
+    width = exact_width(block, ns + oracle) or 0   # as the runner's `exact_width` computes it
     if shapes is None:
         return
     _check_positions(cfg, shapes, width - 1 if _exact_may_run(cfg) else longest)
     if cfg.exact and getattr(cfg, "exact_impl", "auto") == "invariant" and shapes.num_attention_heads:
-        from dflash2.kernels.row_attention import kernel_fits
+        from dflash2.engine.inputs import GenerateInputError, resolve_exact
+        from dflash2.runconfig import resolve_device
 
-        if not kernel_fits(shapes.num_attention_heads, shapes.num_key_value_heads or shapes.num_attention_heads,
-                           width, shapes.head_dim or 0, head_groups=True):
+        heads = (shapes.num_attention_heads, shapes.num_key_value_heads or shapes.num_attention_heads,
+                 shapes.head_dim or 0)
+        try:  # the engine's resolver, at the width the runner will pass it
+            resolve_exact(True, "invariant", resolve_device(cfg.hardware), shape=heads, width=width)
+        except GenerateInputError as e:
             raise ValueError(f"exact_impl=invariant: every target forward runs {width} tokens wide (the widest "
-                             f"arm: block {block}, oracle N {max(oracle, default='-')}), which the row-attention "
-                             f"kernel does not take for {shapes.num_attention_heads}/{shapes.num_key_value_heads} "
-                             f"heads x head_dim {shapes.head_dim}; use exact_impl=rows (or auto), or smaller "
-                             "arms.oracle_num_speculative_tokens")
+                             f"arm: block {block}, oracle N {max(oracle, default='-')}); {e} Or use smaller "
+                             "arms.oracle_num_speculative_tokens") from None
 
 
 def _exact_may_run(cfg) -> bool:

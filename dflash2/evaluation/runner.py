@@ -93,30 +93,45 @@ def _draft_fingerprint(draft_path: str | None) -> dict | None:
 
 
 def exact_width(arms, draft) -> int:
-    """The one padded width of every target forward in an exact run, the same for every arm
-    (AR, each N, selector-off, oracle), so their outputs are comparable bit for bit: the
-    drafter's `block_size` when the run has a drafter, widened to the largest N + 1 of its arms
-    (an oracle arm may verify more tokens than the drafter's block holds)."""
-    need = max(int(a.num_speculative_tokens) + 1 for a in arms)
-    return max(int(draft.block_size), need) if draft is not None else need
+    """The one width of every target forward in an exact run, the same for every arm (AR, each
+    N, selector-off, oracle), so their outputs are comparable bit for bit: the engine's rule
+    (`dflash2.engine.inputs.exact_width`) over the drafter's `block_size` (when the run has a
+    drafter) and the arms' N."""
+    from dflash2.engine.inputs import exact_width as engine_exact_width
+
+    return engine_exact_width(draft.block_size if draft is not None else None,
+                              [a.num_speculative_tokens for a in arms])
 
 
 def resolve_exact(cfg, target, width: int) -> tuple[bool, str | None]:
     """`(exact, exact_impl)` of a run: `cfg.exact` if true or false; null (auto) = on for a greedy
     run on a CUDA target whose exact mode resolves to the batch-invariant kernels (`exact_impl`
-    auto or invariant, no `compile_level`); `exact_impl` as the engine resolves it for the run's
-    `width` (None when exact mode is off)."""
+    auto or invariant, no `compile_level`); `exact_impl` as the engine's resolver
+    (`dflash2.engine.inputs.resolve_exact_impl`) resolves it for the run's `width` (None when
+    exact mode is off). The run passes these values to every `speculative_generate` call and
+    records them in every record; nothing re-resolves them."""
     from dflash2.engine.inputs import resolve_exact_impl
 
     impl = getattr(cfg, "exact_impl", "auto")
+    level = getattr(cfg, "compile_level", None)
     if cfg.exact is None:
-        level = getattr(cfg, "compile_level", None)
         cheap = (float(cfg.temperature) == 0.0 and target.device.type == "cuda" and level is None
                  and impl != "rows" and resolve_exact_impl("auto", False, target, width) == "invariant")
         return (True, "invariant") if cheap else (False, None)
     if not cfg.exact:
         return False, None
-    return True, resolve_exact_impl(impl, True, target, width)
+    return True, resolve_exact_impl(impl, True, target, width, compile_level=level)
+
+
+def exact_of_records(records) -> dict:
+    """summary.json's `exact`, `exact_block_size` and `exact_impl`, read from the records, where
+    the runner recorded the run's resolved exact mode (`resolve_exact`, `exact_width`): a record
+    has a width exactly when it ran in exact mode. One value each, or the sorted list when the
+    records disagree; None (and `exact` false) when no record ran in exact mode."""
+    widths = sorted({r.get("exact_block_size") for r in records} - {None})
+    impls = sorted({r.get("exact_impl") for r in records} - {None})
+    one = lambda vs: vs[0] if len(vs) == 1 else (vs or None)  # noqa: E731
+    return {"exact_block_size": one(widths), "exact": bool(widths), "exact_impl": one(impls) if widths else None}
 
 
 class EvalRunner:
@@ -532,15 +547,9 @@ def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = 
 
     summary = stats.summarize(records, n_resamples=cfg.stats.n_resamples, seed=cfg.stats.seed,
                               accuracy_margin=cfg.stats.accuracy_margin)
-    # Exact mode as the records say it ran (the runner resolves `exact: null` per run).
-    widths = sorted({r.get("exact_block_size") for r in records} - {None})
-    impls = sorted({r.get("exact_impl") for r in records} - {None})
-    exact = bool(widths) if cfg.exact is None else bool(cfg.exact)
-    summary["checks"] = run_checks(records, cfg.checks, exact=exact)
-    summary["exact_block_size"] = widths[0] if len(widths) == 1 else (widths or None)
-    summary["exact"] = exact
-    summary["exact_impl"] = (impls[0] if len(impls) == 1 else (impls or getattr(cfg, "exact_impl", "auto"))) \
-        if exact else None
+    exact = exact_of_records(records)  # as the runner resolved and recorded it (`exact: null` per run)
+    summary["checks"] = run_checks(records, cfg.checks, exact=exact["exact"])
+    summary.update(exact)
     if runner is not None:
         summary["run_id"], summary["prompt_format"] = runner.run_id, runner.fmt.to_dict()
         summary["end_to_end"] = runner.end_to_end()  # this process's timed chunks (rank 0's when sharded)

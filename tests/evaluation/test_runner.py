@@ -423,6 +423,23 @@ def test_exact_width_widens_to_the_largest_verify_block():
     assert exact_width(arms, Draft()) == 16
     assert exact_width(arms[:2], Draft()) == 8
     assert exact_width([Arm("ar", "ar", 0), Arm("oracle@N=3", "oracle", 3)], None) == 4
+    # The runner applies the engine's one rule (also the preflight's and speculative_generate's default).
+    from dflash2.engine.inputs import exact_width as engine_exact_width
+
+    assert engine_exact_width(8) == 8 and engine_exact_width(8, [0, 15]) == 16 and engine_exact_width(None) is None
+
+
+def test_summary_reads_exact_mode_from_the_records():
+    """The exact mode a run resolved is recorded once, in its records; the summary reads it there
+    (a record has a width exactly when it ran in exact mode)."""
+    from dflash2.evaluation.runner import exact_of_records
+
+    off = {"exact_block_size": None, "exact_impl": None}
+    assert exact_of_records([off, off]) == {"exact_block_size": None, "exact": False, "exact_impl": None}
+    rows = {"exact_block_size": 8, "exact_impl": "rows"}
+    assert exact_of_records([rows, rows]) == {"exact_block_size": 8, "exact": True, "exact_impl": "rows"}
+    mixed = [rows, {"exact_block_size": 16, "exact_impl": "invariant"}]
+    assert exact_of_records(mixed) == {"exact_block_size": [8, 16], "exact": True, "exact_impl": ["invariant", "rows"]}
 
 
 def test_exact_auto_is_on_for_greedy_runs_on_cuda():
