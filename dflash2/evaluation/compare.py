@@ -45,11 +45,11 @@ from pathlib import Path
 import numpy as np
 
 from dflash2.evaluation import stats
+from dflash2.evaluation.arms import drafter_kinds, kind_of, primary_kind
 from dflash2.evaluation.records import read_run_records
 from dflash2.evaluation.report import fmt_mcnemar_p
 from dflash2.jsonl import read_jsonl, to_jsonable
 
-DRAFT_KINDS = ("spec", "selector_off")  # the record `arm_kind`s that run a checkpoint
 TRAIN_KEYS = ("loss", "loss_unary", "loss_selector", "tau_proxy", "path_tau")
 KNOWN_COLOURS = {"dflash2": "#1f77b4", "conv_only": "#ff7f0e", "v1": "#2ca02c"}
 PALETTE = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79")
@@ -87,7 +87,7 @@ class ComparedRun:
 
 
 def _checkpoint_of(records: list[dict]) -> Path | None:
-    paths = {r.get("draft_path") for r in records if r["arm_kind"] in DRAFT_KINDS} - {None}
+    paths = {r.get("draft_path") for r in records if r["arm_kind"] in drafter_kinds()} - {None}
     return Path(paths.pop()) if len(paths) == 1 else None
 
 
@@ -124,7 +124,7 @@ def load_run(spec: str | Path, *, n_resamples: int = 2000, seed: int = 0) -> lis
     out = []
     for t in sorted({float(r["temperature"]) for r in records}):
         recs = [r for r in records if float(r["temperature"]) == t]
-        ns = tuple(sorted({int(r["num_speculative_tokens"]) for r in recs if r["arm_kind"] == "spec"}))
+        ns = tuple(sorted({int(r["num_speculative_tokens"]) for r in recs if r["arm_kind"] == primary_kind()}))
         out.append(ComparedRun(label, t, run_dir, recs, stats.summarize(recs, n_resamples=n_resamples, seed=seed),
                                ns, train_dir if train_dir and train_dir.is_dir() else None,
                                _predictions(run_dir, t)))
@@ -140,7 +140,14 @@ def _arm_at(run: ComparedRun, kind: str, n: int) -> str | None:
 
 
 def _variant(label: str, kind: str) -> str:
-    return label if kind == "spec" else f"{label}, selector off"
+    """The drafter's name for its arm of `kind`: the name itself for the primary kind, else with
+    the kind's `compare_suffix` (", selector off")."""
+    return label + (kind_of(kind).compare_suffix or "")
+
+
+def _compared_kinds() -> list[str]:
+    """The drafter kinds a comparison shows (`compare_suffix` set), the primary one first."""
+    return [k for k in drafter_kinds() if kind_of(k).compare_suffix is not None]
 
 
 def _by_sample(run: ComparedRun, kind: str, n: int) -> dict[str, dict]:
@@ -227,7 +234,7 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 def _drafter_arms(runs: list[ComparedRun], n: int):
     """(run, kind, arm label) of every drafter arm (DFlash2, selector-off) at N = n, run by run."""
     for run in runs:
-        for kind in DRAFT_KINDS:
+        for kind in _compared_kinds():
             arm = _arm_at(run, kind, n)
             if arm is not None:
                 yield run, kind, arm
@@ -283,10 +290,11 @@ def ratio_table(runs: list[ComparedRun], n: int, n_resamples: int, seed: int) ->
     its selector-off arm in the same run; over all common samples ("all") and, when the runs hold
     more than one dataset, over each dataset's common samples."""
     header = ["ratio", "T", "dataset", "common samples", "tau num", "tau den", "ratio [95% CI]", "CI excludes 1"]
-    pairs = []
+    pairs, p = [], primary_kind()
     for i, a in enumerate(runs):
-        pairs += [(a, "spec", b, "spec") for b in runs[i + 1:] if b.temperature == a.temperature]
-    pairs += [(a, "spec", a, "selector_off") for a in runs if _arm_at(a, "selector_off", n)]
+        pairs += [(a, p, b, p) for b in runs[i + 1:] if b.temperature == a.temperature]
+    for k in _compared_kinds()[1:]:  # each ablation of the same weights, under its primary arm
+        pairs += [(a, p, a, k) for a in runs if _arm_at(a, k, n)]
     rows, data = [], []
     for a, ka, b, kb in pairs:
         num, den = _by_sample(a, ka, n), _by_sample(b, kb, n)
@@ -324,7 +332,7 @@ def sweep_table(runs: list[ComparedRun]) -> tuple[list, list, list[dict]]:
         if len(run.spec_ns) < 2:
             continue
         for n in run.spec_ns:
-            arm = _arm_at(run, "spec", n)
+            arm = _arm_at(run, primary_kind(), n)
             o = run.summary["per_arm"][arm]["overall"]
             pred = run.predictions.get(arm)
             rows.append([run.label, f"{run.temperature:g}", str(n),
@@ -366,7 +374,8 @@ def drafter_colours(names: Sequence[str]) -> dict[str, str]:
 
 
 def _style(kind: str) -> dict:
-    return {"linestyle": "-" if kind == "spec" else "--", "marker": "o" if kind == "spec" else "s"}
+    primary = kind == primary_kind()
+    return {"linestyle": "-" if primary else "--", "marker": "o" if primary else "s"}
 
 
 def _errs(vals: list, cis: list):

@@ -46,7 +46,8 @@ class DataSpec:
 
 @dataclass
 class ArmsSpec:
-    """The arms, run interleaved on every prompt.
+    """The arms, run interleaved on every prompt: one switch per registered arm kind (its
+    `ArmKind.flag`, `dflash2.evaluation.arms`), and the N values they run at.
 
     `ar`: the autoregressive baseline (always run when any other arm is: the others are compared
     to it). `dflash2`: the draft at each N in `num_speculative_tokens`. `selector_off`: the same
@@ -237,14 +238,16 @@ def validate(cfg: Any) -> None:
         raise ValueError(f"sandbox.timeout_s={sb.timeout_s}, sandbox.memory_mb={sb.memory_mb}, sandbox.max_processes="
                          f"{sb.max_processes}: use a timeout > 0 and limits >= 1 (every HumanEval run would fail)")
     checks = cfg.checks
-    if checks.oracle_min_accepted is not None and not cfg.arms.oracle:
-        raise ValueError(f"checks.oracle_min_accepted={checks.oracle_min_accepted} with arms.oracle=false: there is no "
-                         "oracle arm to check (the run would fail after all its work); set arms.oracle=true or "
-                         "checks.oracle_min_accepted=null")
-    if checks.draft_min_accepted is not None and not (cfg.arms.dflash2 or cfg.arms.selector_off):
-        raise ValueError(f"checks.draft_min_accepted={checks.draft_min_accepted} with arms.dflash2=false and "
-                         "arms.selector_off=false: there is no drafter arm to check; turn one on or set "
-                         "checks.draft_min_accepted=null")
+    from dflash2.evaluation.arms import enabled, registered
+
+    for check, what in (("oracle", "oracle"), ("draft", "drafter")):  # each threshold needs an arm it applies to
+        value = getattr(checks, f"{check}_min_accepted", None)
+        if value is None or enabled(cfg.arms, lambda k: k.accept_check == check):
+            continue
+        flags = [f"arms.{k.flag}" for k in registered() if k.accept_check == check]
+        raise ValueError(f"checks.{check}_min_accepted={value} with {' and '.join(f + '=false' for f in flags)}: "
+                         f"there is no {what} arm to check (the run would fail after all its work); set "
+                         f"{' or '.join(f + '=true' for f in flags)}, or checks.{check}_min_accepted=null")
     if not 0.0 <= cfg.arms.oracle_accept_prob <= 1.0:
         raise ValueError(f"arms.oracle_accept_prob={cfg.arms.oracle_accept_prob}: must be in [0, 1]")
 

@@ -49,6 +49,7 @@ import numpy as np
 
 from dflash2.engine.stats import tau_pooled
 from dflash2.evaluation.acceptance import AcceptanceProfile, expected_tokens_per_step
+from dflash2.evaluation.arms import baseline
 from dflash2.evaluation.records import arm_family, dedupe
 from dflash2.jsonl import to_jsonable
 
@@ -395,9 +396,10 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
 
 def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
     info = {r["arm"]: (r["arm_kind"], int(r["num_speculative_tokens"])) for r in recs}
-    ar_arms = [a for a, (k, _) in info.items() if k == "ar"]
+    base = baseline().name
+    ar_arms = [a for a, (k, _) in info.items() if k == base]
     if len(ar_arms) != 1:
-        raise ValueError(f"T={t:g}: need exactly one AR arm (arm_kind 'ar') for the N = 0 step cost, got {ar_arms}")
+        raise ValueError(f"T={t:g}: need exactly one AR arm (arm_kind {base!r}) for the N = 0 step cost, got {ar_arms}")
     ar = ar_arms[0]
     calib = [a for a in info if cal is None or a in cal or key(a) in cal]
     if ar not in calib:
@@ -433,7 +435,7 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
 
     # One step-cost model per arm kind (an oracle step has no draft forward, a dflash2 step has
     # one), each fitted on the AR arm plus that kind's calibration arms; it needs two N values.
-    for kind in sorted({k for k, _ in info.values()} - {"ar"}):
+    for kind in sorted({k for k, _ in info.values()} - {base}):
         # Keyed by the arms' own family name ("dflash2", "selector_off", "oracle"), not the kind.
         fam = f"{arm_family(next(a for a in info if info[a][0] == kind))}|T={t:g}"
         arms = [a for a in step_c if info[a][0] == kind]
@@ -462,7 +464,7 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
                     for sid in ar_ids}
 
         ar_wall = wall(model.predict(batch, 0, c_ctx), e_rows(0))
-        targets = [a for a, (k, _) in info.items() if k == kind or (k == "ar" and key(a) not in out["arms"])]
+        targets = [a for a, (k, _) in info.items() if k == kind or (k == base and key(a) not in out["arms"])]
         for arm in sorted(targets, key=lambda a: info[a][1]):
             if pred is not None and arm not in pred and key(arm) not in pred:
                 continue
@@ -510,7 +512,8 @@ def for_report(records: list[dict]) -> tuple[dict, dict[str, float] | None]:
     kinds: dict[tuple, set] = defaultdict(set)
     for r in records:
         kinds[(float(r["temperature"]), r["arm_kind"])].add(int(r["num_speculative_tokens"]))
-    ok = any(k != "ar" and len(ns) >= 2 and (t, "ar") in kinds for (t, k), ns in kinds.items())
+    base = baseline().name
+    ok = any(k != base and len(ns) >= 2 and (t, base) in kinds for (t, k), ns in kinds.items())
     if not ok:
         return {"skipped": "needs an AR arm plus at least two N values of one speculative arm kind"}, None
     try:
@@ -518,7 +521,7 @@ def for_report(records: list[dict]) -> tuple[dict, dict[str, float] | None]:
     except Exception as e:  # noqa: BLE001  (reported in the summary, never fatal for the run)
         return {"error": f"{type(e).__name__}: {e}"}, None
     parts = [f"{a} {v['predicted_speedup']:.2f}/{v['measured_speedup']:.2f}" for a, v in res["arms"].items()
-             if v["arm_kind"] != "ar" and v["measured_speedup"] is not None]
+             if v["arm_kind"] != base and v["measured_speedup"] is not None]
     best = ", ".join(f"{k}: N={v['N']}" for k, v in res["best_n"].items())
     best_e2e = ", ".join(f"{k}: N={v['N_end_to_end']}" for k, v in res["best_n"].items())
     res["note"] = (f"cost model ({'in-sample' if res['in_sample'] else 'out-of-sample'}): predicted/measured "

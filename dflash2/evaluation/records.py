@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dflash2.evaluation.arms import kind_names
 from dflash2.jsonl import append_jsonl, read_jsonl, repair_jsonl
 
 RECORDS = "records.jsonl"
-ARM_KINDS = ("ar", "spec", "selector_off", "oracle")
+ARM_KINDS = kind_names()  # the registered arm kinds (`dflash2.evaluation.arms`)
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,8 @@ class Record:
 
     Identity:
         arm: the arm's unique label, e.g. "ar", "dflash2@N=7", "selector_off@N=7", "oracle@N=3".
-        arm_kind: one of `ARM_KINDS` ("spec" is the DFlash2 drafter with its selector).
+        arm_kind: one of `ARM_KINDS`, the kinds registered in `dflash2.evaluation.arms` ("spec" is
+            the DFlash2 drafter with its selector).
         num_speculative_tokens: N, draft slots per step (0 for the AR arm).
         temperature: sampling temperature of the run (0 = greedy).
         dataset: "gsm8k" | "humaneval" | "mt_bench" (or a test's name).
@@ -112,8 +114,8 @@ class Record:
         if not isinstance(self.tokens, (list, tuple)) or not isinstance(self.accepted, (list, tuple)):
             raise ValueError(f"{where}: tokens and accepted must be lists, got {type(self.tokens).__name__} "
                              f"and {type(self.accepted).__name__}")
-        if self.arm_kind not in ARM_KINDS:
-            raise ValueError(f"{where}: arm_kind {self.arm_kind!r} is not one of {ARM_KINDS}")
+        if self.arm_kind not in kind_names():
+            raise ValueError(f"{where}: arm_kind {self.arm_kind!r} is not one of {kind_names()}")
         n = int(self.num_speculative_tokens)
         bad = [a for a in self.accepted if not 0 <= int(a) <= n]
         if bad:

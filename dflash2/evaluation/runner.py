@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from dflash2.engine.stats import tau_pooled
 from dflash2.evaluation import datasets as ds
-from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm
+from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm, enabled, kind_of, registered
 from dflash2.evaluation.config import changed_keys, run_identity, to_container, validate
 from dflash2.evaluation.records import RECORDS, append_records
 from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval
@@ -182,8 +182,7 @@ class EvalRunner:
         from dflash2.runconfig import new_draft
 
         cfg = self.cfg
-        needs = cfg.arms.dflash2 or cfg.arms.selector_off
-        if not needs:
+        if not enabled(cfg.arms, lambda k: k.uses_draft):
             return None
         if cfg.draft_path:
             path = Path(cfg.draft_path)
@@ -363,7 +362,7 @@ class EvalRunner:
                         append_records(rec_path, [rec])  # validated, fsynced: a kill tears at most this line
                         records.append(rec)
                         done.add((rec["arm"], rec["sample_id"]))
-                        if arm.kind == "ar":
+                        if arm.spec.baseline:
                             ar_by_id[rec["sample_id"]] = rec
                         bar.update(1)
                     timing.add_chunk(self._clock() - t0, recs)  # ... to after its last record is fsynced
@@ -383,7 +382,7 @@ class EvalRunner:
         ar = speculative_generate(self.target, None, [prompt], max_new_tokens=4, temperature=self.cfg.temperature,
                                   seed=0)
         for arm in self.arms[1:]:
-            if arm.kind == "oracle":
+            if arm.spec.needs_references:  # no AR tokens to read yet
                 continue
             d = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl)
             speculative_generate(self.target, d, [prompt], max_new_tokens=4,
@@ -408,10 +407,10 @@ class EvalRunner:
         prompts = [self._prompt(it, t, ar_by_id) for it, t in todo]
         seeds = [sample_seed(cfg.seed, s) for s in sids]
         refs = None
-        if arm.kind == "oracle":
+        if arm.spec.needs_references:
             refs = [p + ar_by_id[s]["tokens"] for p, s in zip(prompts, sids)]
         draft = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl, references=refs,
-                              seeds=seeds, accept_prob=cfg.arms.oracle_accept_prob)
+                              seeds=seeds, arms_cfg=cfg.arms)
         kw = ({"exact": True, "exact_block_size": self.exact_width, "exact_impl": self.exact_impl}
               if self.exact else {})
         level = getattr(cfg, "compile_level", None)
@@ -449,7 +448,7 @@ class EvalRunner:
                 "correct": correct, "logprob_mean": None, "identical_to_ar": None, "departure": None,
                 "target": cfg.target.name, "draft_path": cfg.draft_path,
                 "num_draft_layers": (int(self.draft.config.num_hidden_layers)
-                                     if self.draft is not None and arm.kind in ("spec", "selector_off") else None),
+                                     if self.draft is not None and arm.spec.uses_draft else None),
                 "exact_block_size": self.exact_width, "exact_impl": self.exact_impl, **extra,
             }
             t_compare = self._clock()
@@ -471,7 +470,7 @@ class EvalRunner:
         """Fill logprob_mean, identical_to_ar and departure (AR-arm rows cached on the AR record)."""
         gen = rec["tokens"]
         need_lp = self.cfg.compute_logprob
-        if rec["arm_kind"] == "ar":
+        if kind_of(rec["arm_kind"]).baseline:
             rows = self._target_rows(prompt, gen) if (need_lp or self.cfg.compute_departure) else None
             if rows is not None:
                 top = torch.topk(rows, 2, dim=-1)  # [G+1, 2] for departures of the other arms
@@ -509,7 +508,8 @@ def run_checks(records: list[dict], checks, exact: bool = False) -> dict:
     by_arm: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         by_arm[r["arm"]].append(r)
-    def mean_accepted(kinds) -> dict[str, float]:  # mean accepted drafts per step, per arm of these kinds
+    def mean_accepted(check: str) -> dict[str, float]:  # mean accepted drafts per step, per arm under `check`
+        kinds = {k.name for k in registered() if k.accept_check == check}
         return {a: tau_pooled([r["accepted"] for r in rs]) - 1.0 for a, rs in by_arm.items()
                 if rs[0]["arm_kind"] in kinds}
 
@@ -522,17 +522,17 @@ def run_checks(records: list[dict], checks, exact: bool = False) -> dict:
         return {"threshold": threshold, "passed": ok if greedy else None, "skipped": None if greedy else "T > 0",
                 "not_checked": sorted(a for a in values if a not in checked)}
 
-    oracle = mean_accepted(("oracle",))
+    oracle = mean_accepted("oracle")
     if oracle:
         out["oracle_mean_accepted_per_step"] = oracle
     if checks.oracle_min_accepted is not None:
         out["oracle_min_accepted"] = {**at_least(oracle, checks.oracle_min_accepted), "measured": oracle}
-    drafted = mean_accepted(("spec", "selector_off"))
+    drafted = mean_accepted("draft")
     if drafted:
         out["draft_mean_accepted_per_step"] = drafted
     if getattr(checks, "draft_min_accepted", None) is not None:
         out["draft_min_accepted"] = {**at_least(drafted, checks.draft_min_accepted), "measured": drafted}
-    spec = [r for r in records if r["arm_kind"] != "ar"]
+    spec = [r for r in records if not kind_of(r["arm_kind"]).baseline]
     differing = sorted({f"{r['arm']}:{r['sample_id']}" for r in spec if r["identical_to_ar"] is False})
     out["identical_to_ar"] = {"records": len(spec), "differing": differing[:50], "n_differing": len(differing)}
     if checks.require_identical or exact:

@@ -43,6 +43,7 @@ import numpy as np
 from dflash2 import jsonl
 from dflash2.engine.stats import (accepted_length_histogram, per_position_acceptance, produced_and_steps,
                                   tau_per_request_mean, tau_pooled)
+from dflash2.evaluation.arms import kind_of
 from dflash2.evaluation.records import arm_family, dedupe, validate
 
 CONFIDENCE = 0.95
@@ -257,8 +258,8 @@ def _arm_key(rec: dict, multi_t: bool) -> str:
 
 
 def _sort_key(arm: str, info: dict) -> tuple:
-    order = {"ar": 0, "spec": 1, "selector_off": 2, "oracle": 3}
-    return (float(info["temperature"]), order.get(info["arm_kind"], 9), info["arm_kind"],
+    # Per temperature, the arm kinds in their registered order (`ArmKind.order`: AR first), then N.
+    return (float(info["temperature"]), kind_of(info["arm_kind"]).order, info["arm_kind"],
             int(info["num_speculative_tokens"]), arm)
 
 
@@ -372,7 +373,7 @@ def _metrics(recs: list[dict], info: dict, ar: dict[str, dict] | None, n_resampl
         m["accuracy"] = k / len(scored)
         m["accuracy_ci"] = tuple(float(v) for v in proportion_confint(k, len(scored), alpha=1 - CONFIDENCE,
                                                                       method="wilson"))
-    if info["arm_kind"] == "ar":
+    if kind_of(info["arm_kind"]).baseline:
         m["speedup"], m["speedup_ci"] = 1.0, (1.0, 1.0)
     elif ar:
         m.update(_compare(recs, ar, float(info["temperature"]), n_resamples, seed, accuracy_margin,
@@ -409,7 +410,7 @@ def summarize(records: list[dict], *, n_resamples: int = 2000, seed: int = 0, ac
         info.setdefault(arm, {k: r[k] for k in ("arm_kind", "num_speculative_tokens", "temperature")})
     arms = sorted(by_arm, key=lambda a: _sort_key(a, info[a]))
     ar_of_t = {float(info[a]["temperature"]): {r["sample_id"]: r for r in by_arm[a]}
-               for a in arms if info[a]["arm_kind"] == "ar"}
+               for a in arms if kind_of(info[a]["arm_kind"]).baseline}
     datasets = sorted({r["dataset"] for r in kept})
     notes: list[str] = []
     kw = dict(n_resamples=n_resamples, seed=seed, accuracy_margin=accuracy_margin, logprob_margin=logprob_margin)
@@ -418,7 +419,7 @@ def summarize(records: list[dict], *, n_resamples: int = 2000, seed: int = 0, ac
     for arm in arms:
         recs = by_arm[arm]
         ar = ar_of_t.get(float(info[arm]["temperature"]))
-        if ar is None and info[arm]["arm_kind"] != "ar":
+        if ar is None and not kind_of(info[arm]["arm_kind"]).baseline:
             notes.append(f"{arm}: no AR arm at T={info[arm]['temperature']:g}; no speedup or paired tests")
         entry = dict(info[arm], overall=_metrics(recs, info[arm], ar, with_position_ci=True, **kw))
         entry["by_dataset"] = {
@@ -468,7 +469,7 @@ def _vs_n(arms: list[str], per_arm: dict) -> dict:
     series: dict[str, dict] = {}
     for arm in arms:
         e = per_arm[arm]
-        if e["arm_kind"] == "ar":
+        if kind_of(e["arm_kind"]).baseline:
             continue
         s = series.setdefault(arm_family(arm), {k: [] for k in ("arms", "N", "tau_pooled", "tau_pooled_ci",
                                                                 "tau_per_request", "tau_per_request_ci", "speedup",
