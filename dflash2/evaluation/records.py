@@ -1,12 +1,15 @@
 """The evaluation record: one per (arm, sample), the unit every statistic, report and plot of
 an evaluation is computed from (log-first evaluation: the records alone rebuild everything).
 
-`Record` below is the one list of a record's fields, with their types and meaning. On disk a run
+`Record` below is the one list of a record's fields, with their types and meaning, and the type
+records have in memory: the runner builds them, `read_records` returns them, and the statistics,
+cost model, checks, comparison, sharding and W&B read their typed fields. On disk a run
 directory holds `records.jsonl` (one `Record.to_json()` per line, written through
-`dflash2.jsonl`: fsynced, NaN as null) and, for a sharded run, `shards/records.rank<r>.jsonl`.
-In memory records travel as those JSON dicts (what `stats`, `cost`, `report` and `wandb_log`
-index by field name); `Record.from_json` is the gate every dict passes on its way in or out:
-unknown fields and missing required ones are refused with one clear error.
+`dflash2.jsonl`: fsynced, NaN as null) and, for a sharded run, `shards/records.rank<r>.jsonl`;
+reading and writing a file round-trips it byte for byte. `Record.from_json` is the gate every
+JSON dict passes on its way in: unknown fields and missing required ones are refused with one
+clear error. The public readers also take such dicts (`as_records`), so a test or a script may
+hand them plain JSON rows.
 
 Rules:
 - **Torn lines** (`dflash2.jsonl`): reading only (`read_records(path)`), a torn last line is
@@ -18,8 +21,8 @@ Rules:
   files); across files concatenated by hand, the later line is the newer measurement, which is
   the one a resumed or repeated run means to keep.
 
-Public: `Record`, `FIELDS`, `REQUIRED`, `ARM_KINDS`, `RECORDS`, `arm_family`, `record_key`, `dedupe`,
-`validate`, `append_records`, `read_records`, `read_run_records`.
+Public: `Record`, `FIELDS`, `REQUIRED`, `ARM_KINDS`, `RECORDS`, `as_records`, `arm_family`, `record_key`,
+`dedupe`, `validate`, `append_records`, `rewrite_records`, `read_records`, `read_run_records`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash2.evaluation.arms import kind_names
-from dflash2.jsonl import append_jsonl, read_jsonl, repair_jsonl
+from dflash2.jsonl import append_jsonl, read_jsonl, repair_jsonl, rewrite_jsonl
 
 RECORDS = "records.jsonl"
 ARM_KINDS = kind_names()  # the registered arm kinds (`dflash2.evaluation.arms`)
@@ -148,9 +151,14 @@ FIELDS = tuple(f.name for f in dataclasses.fields(Record))
 REQUIRED = tuple(f.name for f in dataclasses.fields(Record) if f.default is dataclasses.MISSING)
 
 
-def validate(rows: Iterable[Mapping[str, Any]]) -> list[dict]:
-    """`rows` checked and completed through `Record` (every field present, None when unset)."""
-    return [Record.from_json(r).to_json() for r in rows]
+def as_records(rows: Iterable[Record | Mapping[str, Any]]) -> list[Record]:
+    """`rows` as `Record`s: records pass as they are, JSON dicts through `Record.from_json`."""
+    return [r if isinstance(r, Record) else Record.from_json(r) for r in rows]
+
+
+def validate(rows: Iterable[Record | Mapping[str, Any]]) -> list[dict]:
+    """`rows` checked and completed through `Record`, as JSON dicts (every field present, None when unset)."""
+    return [r.to_json() for r in as_records(rows)]
 
 
 def arm_family(arm: str) -> str:
@@ -159,14 +167,16 @@ def arm_family(arm: str) -> str:
     return re.sub(r"@N=\d+", "", arm)
 
 
-def record_key(rec: Mapping[str, Any]) -> tuple[str, float, str]:
+def record_key(rec: Record | Mapping[str, Any]) -> tuple[str, float, str]:
     """(arm, temperature, sample_id): what identifies one record of a run (or a T grid)."""
+    if isinstance(rec, Record):
+        return rec.arm, float(rec.temperature), rec.sample_id
     return rec["arm"], float(rec["temperature"]), rec["sample_id"]
 
 
-def dedupe(records: Iterable[dict]) -> list[dict]:
+def dedupe(records: Iterable[Record]) -> list[Record]:
     """One record per `record_key`: the last written wins, at its key's first position."""
-    latest: dict[tuple, dict] = {}
+    latest: dict[tuple, Record] = {}
     for r in records:
         latest[record_key(r)] = r
     return list(latest.values())
@@ -174,11 +184,16 @@ def dedupe(records: Iterable[dict]) -> list[dict]:
 
 def append_records(path: str | Path, records: Iterable[Record | Mapping[str, Any]]) -> None:
     """Append records to `path` (validated, fsynced, NaN as null)."""
-    append_jsonl(path, [(r if isinstance(r, Record) else Record.from_json(r)).to_json() for r in records])
+    append_jsonl(path, validate(records))
 
 
-def read_records(path: str | Path, *, repair: bool = False) -> list[dict]:
-    """Validated records of one JSONL file, in file order (duplicates kept; see `dedupe`).
+def rewrite_records(path: str | Path, records: Iterable[Record | Mapping[str, Any]]) -> None:
+    """Replace `path` by `records`, atomically (validated, NaN as null)."""
+    rewrite_jsonl(path, validate(records))
+
+
+def read_records(path: str | Path, *, repair: bool = False) -> list[Record]:
+    """The `Record`s of one JSONL file, in file order (duplicates kept; see `dedupe`).
 
     Args:
         path: a records file.
@@ -188,13 +203,13 @@ def read_records(path: str | Path, *, repair: bool = False) -> list[dict]:
     """
     path = Path(path)
     if repair:
-        return validate(repair_jsonl(path))
+        return as_records(repair_jsonl(path))
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; pass a run directory that eval/run.py wrote")
-    return validate(read_jsonl(path))
+    return as_records(read_jsonl(path))
 
 
-def read_run_records(run_dir: str | Path) -> list[dict]:
+def read_run_records(run_dir: str | Path) -> list[Record]:
     """The records of a finished (or killed) run directory, read only, one per `record_key`.
     Raises FileNotFoundError without `records.jsonl`, ValueError when it holds no records."""
     path = Path(run_dir) / RECORDS

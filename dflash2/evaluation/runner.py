@@ -4,7 +4,8 @@
         AR arm first, then the other arms in an order rotated per chunk
         each arm: speculative_generate(...) -> one record per sample, appended and flushed
 
-Records are `dflash2.evaluation.records.Record`s (their fields are documented there); statistics
+Records are `dflash2.evaluation.records.Record`s, built here once per (arm, sample) with every
+field known (their fields are documented there) and appended as they come; statistics
 and reports are computed afterwards from the records alone (`stats.summarize`,
 `report.write_report`). Each sample's seed is a hash of (seed, sample_id), so batching,
 ordering and resuming never change a sample's draws. With `resume=true`, finished
@@ -37,7 +38,7 @@ from dflash2.engine.stats import tau_pooled
 from dflash2.evaluation import datasets as ds
 from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm, enabled, kind_of, registered
 from dflash2.evaluation.config import changed_keys, run_identity, to_container, validate
-from dflash2.evaluation.records import RECORDS, append_records
+from dflash2.evaluation.records import RECORDS, Record, append_records, as_records
 from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval
 from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion, load_judge
 from dflash2.evaluation.sharding import SHARDS_DIR, Shard, existing_records, shard_file, shard_of
@@ -123,13 +124,13 @@ def resolve_exact(cfg, target, width: int) -> tuple[bool, str | None]:
     return True, resolve_exact_impl(impl, True, target, width, compile_level=level)
 
 
-def exact_of_records(records) -> dict:
+def exact_of_records(records: list[Record]) -> dict:
     """summary.json's `exact`, `exact_block_size` and `exact_impl`, read from the records, where
     the runner recorded the run's resolved exact mode (`resolve_exact`, `exact_width`): a record
     has a width exactly when it ran in exact mode. One value each, or the sorted list when the
     records disagree; None (and `exact` false) when no record ran in exact mode."""
-    widths = sorted({r.get("exact_block_size") for r in records} - {None})
-    impls = sorted({r.get("exact_impl") for r in records} - {None})
+    widths = sorted({r.exact_block_size for r in records} - {None})
+    impls = sorted({r.exact_impl for r in records} - {None})
     one = lambda vs: vs[0] if len(vs) == 1 else (vs or None)  # noqa: E731
     return {"exact_block_size": one(widths), "exact": bool(widths), "exact_impl": one(impls) if widths else None}
 
@@ -229,13 +230,13 @@ class EvalRunner:
         first, second = self._samples(all_ranks=True)
         return [it.sample_id(t) for it, t in first + second]
 
-    def _prompt(self, item: ds.EvalItem, turn: int, ar_by_id: dict[str, dict]) -> list[int]:
+    def _prompt(self, item: ds.EvalItem, turn: int, ar_by_id: dict[str, Record]) -> list[int]:
         from dflash2.runconfig import encode_chat
 
         prev = []
         if turn > 1:
             # Every arm sees the AR arm's earlier answers: the turn-2 prompt is the same for all arms.
-            prev = [ar_by_id[item.sample_id(t)]["text"] for t in range(1, turn)]
+            prev = [ar_by_id[item.sample_id(t)].text for t in range(1, turn)]
         msgs = ds.messages_for(item, turn, prev, few_shot=self.cfg.data.few_shot, source=self.cfg.data.source)
         return encode_chat(self.tok, msgs, self.fmt)
 
@@ -295,7 +296,7 @@ class EvalRunner:
                                                      "prompt_format": self.fmt.to_dict(), "identity": self.identity},
                                                     indent=2, sort_keys=True, default=str))
 
-    def _existing(self) -> list[dict]:
+    def _existing(self) -> list[Record]:
         """Records already written (resume), after the run identity is checked. One process:
         `records.jsonl` (plus shard files of an earlier sharded run), torn lines cut. Several:
         rank 0 checks the identity (every rank raises its refusal) and cuts torn lines before any
@@ -323,7 +324,7 @@ class EvalRunner:
         sh.wait()
         return records
 
-    def run(self) -> list[dict]:
+    def run(self) -> list[Record]:
         """Generate every missing (arm, sample) record of this process's shard. Returns the
         records read from disk plus those generated."""
         sh = self.shard
@@ -334,8 +335,8 @@ class EvalRunner:
             rec_path = shard_file(self.out, sh.rank)
             rec_path.parent.mkdir(exist_ok=True)
             where = {"rank": sh.rank, "world_size": sh.world}
-        done = {(r["arm"], r["sample_id"]) for r in records}
-        ar_by_id = {r["sample_id"]: r for r in records if r["arm"] == "ar"}
+        done = {(r.arm, r.sample_id) for r in records}
+        ar_by_id = {r.sample_id: r for r in records if r.arm == self.arms[0].label}  # the baseline's
         first, second = self._samples()
         mine = {(a.label, it.sample_id(t)) for it, t in first + second for a in self.arms}
         total = len(mine)
@@ -356,14 +357,14 @@ class EvalRunner:
                         continue
                     timing = self.timings[arm.label]
                     t0 = self._clock()  # end to end: from before the prompts are built ...
-                    recs = self._run_arm(arm, todo, ar_by_id, timing)
+                    # the batch key is the same for every arm of this chunk
+                    recs = self._run_arm(arm, todo, ar_by_id, timing, batch=f"{p}/{c}", **where)
                     for rec in recs:
-                        rec.update(where, batch=f"{p}/{c}")  # the same key for every arm of this chunk
-                        append_records(rec_path, [rec])  # validated, fsynced: a kill tears at most this line
+                        append_records(rec_path, [rec])  # fsynced: a kill tears at most this line
                         records.append(rec)
-                        done.add((rec["arm"], rec["sample_id"]))
+                        done.add((rec.arm, rec.sample_id))
                         if arm.spec.baseline:
-                            ar_by_id[rec["sample_id"]] = rec
+                            ar_by_id[rec.sample_id] = rec
                         bar.update(1)
                     timing.add_chunk(self._clock() - t0, recs)  # ... to after its last record is fsynced
         bar.close()
@@ -395,9 +396,10 @@ class EvalRunner:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def _run_arm(self, arm: Arm, todo: list[tuple[ds.EvalItem, int]], ar_by_id: dict[str, dict],
-                 timing: ArmTiming | None = None) -> list[dict]:
-        """One generation call of `arm` over `todo` (one chunk); returns one record per row.
+    def _run_arm(self, arm: Arm, todo: list[tuple[ds.EvalItem, int]], ar_by_id: dict[str, Record],
+                 timing: ArmTiming | None = None, **fields) -> list[Record]:
+        """One generation call of `arm` over `todo` (one chunk); returns one record per row, with
+        `fields` (the chunk's `batch`, a shard's `rank` and `world_size`) set on each.
         With `timing`, adds the call's wall, the scorers' and the extra target forwards' seconds
         to it (the caller adds the end-to-end time and the counts)."""
         from dflash2.engine import speculative_generate
@@ -408,7 +410,7 @@ class EvalRunner:
         seeds = [sample_seed(cfg.seed, s) for s in sids]
         refs = None
         if arm.spec.needs_references:
-            refs = [p + ar_by_id[s]["tokens"] for p, s in zip(prompts, sids)]
+            refs = [p + ar_by_id[s].tokens for p, s in zip(prompts, sids)]
         draft = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl, references=refs,
                               seeds=seeds, arms_cfg=cfg.arms)
         kw = ({"exact": True, "exact_block_size": self.exact_width, "exact_impl": self.exact_impl}
@@ -438,85 +440,86 @@ class EvalRunner:
             t_score = time.perf_counter()
             correct, extra = self._score(item, text)
             score_s += time.perf_counter() - t_score
-            rec = {
-                "run_id": self.run_id, "arm": arm.label, "arm_kind": arm.kind,
-                "num_speculative_tokens": arm.num_speculative_tokens, "temperature": float(cfg.temperature),
-                "dataset": item.dataset, "sample_id": sid, "category": item.category, "seed": seeds[b],
-                "prompt_hash": prompt_hash(prompts[b]), "prompt_tokens": len(prompts[b]), "tokens": gen,
-                "text": text, "wall_s": wall / len(todo), "batch_size": len(todo), "steps": len(out.accepted[b]),
-                "accepted": list(map(int, out.accepted[b])), "finish_reason": out.finish_reasons[b],
-                "correct": correct, "logprob_mean": None, "identical_to_ar": None, "departure": None,
-                "target": cfg.target.name, "draft_path": cfg.draft_path,
-                "num_draft_layers": (int(self.draft.config.num_hidden_layers)
-                                     if self.draft is not None and arm.spec.uses_draft else None),
-                "exact_block_size": self.exact_width, "exact_impl": self.exact_impl, **extra,
-            }
             t_compare = self._clock()
-            self._compare(rec, prompts[b], ar_by_id.get(sid))
+            compared = self._compare(arm.spec.baseline, sid, gen, prompts[b], ar_by_id.get(sid))
             analysis_s += self._clock() - t_compare
             if self.judge is not None and item.dataset == "mt_bench":
                 t_score = time.perf_counter()
-                answers = [ar_by_id[item.sample_id(t)]["text"] for t in range(1, turn)] + [text]
-                rec["judge_score"] = float(self.judge(item.raw, answers))
+                answers = [ar_by_id[item.sample_id(t)].text for t in range(1, turn)] + [text]
+                extra["judge_score"] = float(self.judge(item.raw, answers))
                 score_s += time.perf_counter() - t_score
-            recs.append(rec)
+            recs.append(Record(
+                run_id=self.run_id, arm=arm.label, arm_kind=arm.kind, num_speculative_tokens=arm.num_speculative_tokens,
+                temperature=float(cfg.temperature), dataset=item.dataset, sample_id=sid, category=item.category,
+                seed=seeds[b], prompt_hash=prompt_hash(prompts[b]), prompt_tokens=len(prompts[b]), tokens=gen,
+                text=text, wall_s=wall / len(todo), batch_size=len(todo), steps=len(out.accepted[b]),
+                accepted=list(map(int, out.accepted[b])), finish_reason=out.finish_reasons[b], correct=correct,
+                target=cfg.target.name, draft_path=cfg.draft_path,
+                num_draft_layers=(int(self.draft.config.num_hidden_layers)
+                                  if self.draft is not None and arm.spec.uses_draft else None),
+                exact_block_size=self.exact_width, exact_impl=self.exact_impl, **compared, **extra, **fields))
         if timing is not None:
             timing.generation_s += wall
             timing.score_s += score_s
             timing.analysis_s += analysis_s
         return recs
 
-    def _compare(self, rec: dict, prompt: list[int], ar: dict | None) -> None:
-        """Fill logprob_mean, identical_to_ar and departure (AR-arm rows cached on the AR record)."""
-        gen = rec["tokens"]
+    def _compare(self, baseline: bool, sample_id: str, gen: list[int], prompt: list[int], ar: Record | None) -> dict:
+        """A record's `logprob_mean`, `identical_to_ar` and `departure` (None where not computed):
+        the generation `gen` of sample `sample_id` after `prompt`, against the AR arm's record `ar`
+        (the baseline arm's own rows cached for the departures of the other arms)."""
+        out = {"logprob_mean": None, "identical_to_ar": None, "departure": None}
         need_lp = self.cfg.compute_logprob
-        if kind_of(rec["arm_kind"]).baseline:
+        if baseline:
             rows = self._target_rows(prompt, gen) if (need_lp or self.cfg.compute_departure) else None
             if rows is not None:
                 top = torch.topk(rows, 2, dim=-1)  # [G+1, 2] for departures of the other arms
-                self._ar_top[rec["sample_id"]] = (top.values.tolist(), top.indices.tolist())
-            rec["logprob_mean"] = self._logprob_mean(rows, gen) if need_lp else None
-            return
+                self._ar_top[sample_id] = (top.values.tolist(), top.indices.tolist())
+            out["logprob_mean"] = self._logprob_mean(rows, gen) if need_lp else None
+            return out
         if ar is None:
-            return
-        ar_gen = ar["tokens"]
-        rec["identical_to_ar"] = gen == ar_gen
-        if rec["identical_to_ar"]:
-            rec["logprob_mean"] = ar.get("logprob_mean") if need_lp else None
-            return
+            return out
+        ar_gen = ar.tokens
+        out["identical_to_ar"] = gen == ar_gen
+        if out["identical_to_ar"]:
+            out["logprob_mean"] = ar.logprob_mean if need_lp else None
+            return out
         if need_lp:
-            rec["logprob_mean"] = self._logprob_mean(self._target_rows(prompt, gen), gen)
+            out["logprob_mean"] = self._logprob_mean(self._target_rows(prompt, gen), gen)
         if self.cfg.compute_departure:
             i = next((j for j, (a, b) in enumerate(zip(gen, ar_gen)) if a != b), min(len(gen), len(ar_gen)))
-            cached = self._ar_top.get(rec["sample_id"])
+            cached = self._ar_top.get(sample_id)
             if cached is None:  # resumed run: the AR record came from disk
                 top = torch.topk(self._target_rows(prompt, ar_gen), 2, dim=-1)
                 cached = (top.values.tolist(), top.indices.tolist())
-                self._ar_top[rec["sample_id"]] = cached
+                self._ar_top[sample_id] = cached
             vals, ids = cached
-            rec["departure"] = {"position": int(i), "margin": float(vals[i][0] - vals[i][1]),
+            out["departure"] = {"position": int(i), "margin": float(vals[i][0] - vals[i][1]),
                                 "top1": int(ids[i][0]), "top2": int(ids[i][1])}
+        return out
 
 
-def run_checks(records: list[dict], checks, exact: bool = False) -> dict:
+def run_checks(records: list[Record | dict], checks, exact: bool = False) -> dict:
     """Post-run assertions (see `ChecksSpec`); returns their values and pass flags.
 
     The checks are T = 0 properties (sampled outputs legitimately leave the AR path), so at
     T > 0 their values are recorded and the checks are marked skipped."""
+    records = as_records(records)
     out: dict = {}
-    greedy = all(float(r["temperature"]) == 0.0 for r in records)
-    by_arm: dict[str, list[dict]] = defaultdict(list)
+    greedy = all(float(r.temperature) == 0.0 for r in records)
+    by_arm: dict[str, list[Record]] = defaultdict(list)
     for r in records:
-        by_arm[r["arm"]].append(r)
+        by_arm[r.arm].append(r)
+
     def mean_accepted(check: str) -> dict[str, float]:  # mean accepted drafts per step, per arm under `check`
         kinds = {k.name for k in registered() if k.accept_check == check}
-        return {a: tau_pooled([r["accepted"] for r in rs]) - 1.0 for a, rs in by_arm.items()
-                if rs[0]["arm_kind"] in kinds}
+        return {a: tau_pooled([r.accepted for r in rs]) - 1.0 for a, rs in by_arm.items()
+                if rs[0].arm_kind in kinds}
 
     def at_least(values: dict[str, float], threshold: float) -> dict:
         # an arm drafting N <= threshold tokens could pass only by accepting every draft, so it is
         # listed as not checked rather than failed; a run with no arm left to check fails
-        n_of = {a: int(by_arm[a][0].get("num_speculative_tokens") or 0) for a in values}
+        n_of = {a: int(by_arm[a][0].num_speculative_tokens or 0) for a in values}
         checked = {a: v for a, v in values.items() if n_of[a] > threshold}
         ok = bool(checked) and all(v >= threshold for v in checked.values())
         return {"threshold": threshold, "passed": ok if greedy else None, "skipped": None if greedy else "T > 0",
@@ -532,19 +535,20 @@ def run_checks(records: list[dict], checks, exact: bool = False) -> dict:
         out["draft_mean_accepted_per_step"] = drafted
     if getattr(checks, "draft_min_accepted", None) is not None:
         out["draft_min_accepted"] = {**at_least(drafted, checks.draft_min_accepted), "measured": drafted}
-    spec = [r for r in records if not kind_of(r["arm_kind"]).baseline]
-    differing = sorted({f"{r['arm']}:{r['sample_id']}" for r in spec if r["identical_to_ar"] is False})
+    spec = [r for r in records if not kind_of(r.arm_kind).baseline]
+    differing = sorted({f"{r.arm}:{r.sample_id}" for r in spec if r.identical_to_ar is False})
     out["identical_to_ar"] = {"records": len(spec), "differing": differing[:50], "n_differing": len(differing)}
     if checks.require_identical or exact:
-        ok = not differing and all(r["identical_to_ar"] for r in spec)
+        ok = not differing and all(r.identical_to_ar for r in spec)
         out["identical_to_ar"].update(passed=ok if greedy else None, skipped=None if greedy else "T > 0")
     return out
 
 
-def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = None) -> dict:
+def finish(cfg, out_dir: Path, records: list[Record | dict], runner: EvalRunner | None = None) -> dict:
     """Summary, report, terminal table, W&B; then fail loudly if a check failed."""
     from dflash2.evaluation import report, stats
 
+    records = as_records(records)
     summary = stats.summarize(records, n_resamples=cfg.stats.n_resamples, seed=cfg.stats.seed,
                               accuracy_margin=cfg.stats.accuracy_margin)
     exact = exact_of_records(records)  # as the runner resolved and recorded it (`exact: null` per run)
