@@ -22,7 +22,8 @@ Rules:
   the one a resumed or repeated run means to keep.
 
 Public: `Record`, `FIELDS`, `REQUIRED`, `ARM_KINDS`, `RECORDS`, `as_records`, `arm_family`, `record_key`,
-`dedupe`, `validate`, `append_records`, `rewrite_records`, `read_records`, `read_run_records`.
+`dedupe`, `validate`, `exact_of_records`, `append_records`, `rewrite_records`, `read_records`,
+`read_run_records`.
 """
 
 from __future__ import annotations
@@ -180,6 +181,17 @@ def dedupe(records: Iterable[Record]) -> list[Record]:
     for r in records:
         latest[record_key(r)] = r
     return list(latest.values())
+
+
+def exact_of_records(records: list[Record]) -> dict:
+    """summary.json's `exact`, `exact_block_size` and `exact_impl`, read from the records, where
+    the runner recorded the run's resolved exact mode (`runner.resolve_exact`, `runner.exact_width`): a record
+    has a width exactly when it ran in exact mode. One value each, or the sorted list when the
+    records disagree; None (and `exact` false) when no record ran in exact mode."""
+    widths = sorted({r.exact_block_size for r in records} - {None})
+    impls = sorted({r.exact_impl for r in records} - {None})
+    one = lambda vs: vs[0] if len(vs) == 1 else (vs or None)  # noqa: E731
+    return {"exact_block_size": one(widths), "exact": bool(widths), "exact_impl": one(impls) if widths else None}
 
 
 def append_records(path: str | Path, records: Iterable[Record | Mapping[str, Any]]) -> None:

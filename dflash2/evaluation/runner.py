@@ -38,7 +38,7 @@ from dflash2.engine.stats import tau_pooled
 from dflash2.evaluation import datasets as ds
 from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm, enabled, kind_of, registered
 from dflash2.evaluation.config import changed_keys, run_identity, to_container, validate
-from dflash2.evaluation.records import RECORDS, Record, append_records, as_records
+from dflash2.evaluation.records import RECORDS, Record, append_records, as_records, exact_of_records
 from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval
 from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion, load_judge
 from dflash2.evaluation.sharding import SHARDS_DIR, Shard, existing_records, shard_file, shard_of
@@ -122,17 +122,6 @@ def resolve_exact(cfg, target, width: int) -> tuple[bool, str | None]:
     if not cfg.exact:
         return False, None
     return True, resolve_exact_impl(impl, True, target, width, compile_level=level)
-
-
-def exact_of_records(records: list[Record]) -> dict:
-    """summary.json's `exact`, `exact_block_size` and `exact_impl`, read from the records, where
-    the runner recorded the run's resolved exact mode (`resolve_exact`, `exact_width`): a record
-    has a width exactly when it ran in exact mode. One value each, or the sorted list when the
-    records disagree; None (and `exact` false) when no record ran in exact mode."""
-    widths = sorted({r.exact_block_size for r in records} - {None})
-    impls = sorted({r.exact_impl for r in records} - {None})
-    one = lambda vs: vs[0] if len(vs) == 1 else (vs or None)  # noqa: E731
-    return {"exact_block_size": one(widths), "exact": bool(widths), "exact_impl": one(impls) if widths else None}
 
 
 class EvalRunner:

@@ -430,7 +430,7 @@ def test_exact_width_widens_to_the_largest_verify_block():
 def test_summary_reads_exact_mode_from_the_records():
     """The exact mode a run resolved is recorded once, in its records; the summary reads it there
     (a record has a width exactly when it ran in exact mode)."""
-    from dflash2.evaluation.runner import exact_of_records
+    from dflash2.evaluation.records import exact_of_records
 
     def rec(width, impl):
         return Record.from_json(record("ar", "s", exact_block_size=width, exact_impl=impl))
