@@ -13,7 +13,8 @@ checks, so a refusal is one `error:` line, exit status 2, nothing written; see
     arms vs the draft      each N within the draft's block (`block_size - 1`); the positions the
                            longest arm reaches within the target's `max_position_embeddings`; in
                            exact mode with the invariant kernels, the padded width every arm runs
-                           at (`runner.exact_width`: the block, or an oracle N + 1 above it)
+                           at (`dflash2.engine.inputs.exact_width`, as the runner computes it:
+                           the block, or an N + 1 above it of an arm without the drafter)
                            within what the row-attention kernel takes
 
 Each check raises `ValueError` (or the checkpoint module's errors, which are `ValueError`s and
@@ -112,10 +113,13 @@ def checkpoint_config(path: str, key: str):
 def check_eval_arms(cfg: Any) -> None:
     """Every check of an `EvalConfig` against its draft and target that needs no weights (see the
     module docstring). Raises `ValueError` / `FileNotFoundError`."""
+    from dflash2.evaluation.arms import enabled
+
     arms = cfg.arms
-    needs_draft = bool(arms.dflash2 or arms.selector_off)
+    drafters = enabled(arms, lambda k: k.uses_draft)  # the registered arm kinds that run the draft
+    needs_draft = bool(drafters)
     shapes = target_shapes(cfg.target)
-    ns = sorted(set(int(n) for n in arms.num_speculative_tokens)) if needs_draft else []
+    ns = sorted({int(n) for k in drafters for n in k.num_speculative_tokens(arms)})
     block = None
     if needs_draft:
         if cfg.draft_path:
@@ -130,23 +134,26 @@ def check_eval_arms(cfg: Any) -> None:
             raise ValueError(f"arms.num_speculative_tokens={list(arms.num_speculative_tokens)}: {over} exceed the "
                              f"draft's block: {source} has block_size {block}, so N is at most {block - 1}; use "
                              f"values in 1..{block - 1}")
-    oracle = sorted(set(int(n) for n in (arms.oracle_num_speculative_tokens or ns or arms.num_speculative_tokens))) \
-        if arms.oracle else []
-    longest = max(ns + oracle, default=0)
-    width = max([block or 0] + [n + 1 for n in ns + oracle])   # runner.exact_width
+    others = sorted({int(n) for k in enabled(arms, lambda k: not k.uses_draft) for n in k.num_speculative_tokens(arms)})
+    longest = max(ns + others, default=0)
+    from dflash2.engine.inputs import exact_width
+
+    width = exact_width(block, ns + others) or 0   # as the runner's `exact_width` computes it
     if shapes is None:
         return
     _check_positions(cfg, shapes, width - 1 if _exact_may_run(cfg) else longest)
     if cfg.exact and getattr(cfg, "exact_impl", "auto") == "invariant" and shapes.num_attention_heads:
-        from dflash2.kernels.row_attention import kernel_fits
+        from dflash2.engine.inputs import GenerateInputError, resolve_exact
+        from dflash2.runconfig import resolve_device
 
-        if not kernel_fits(shapes.num_attention_heads, shapes.num_key_value_heads or shapes.num_attention_heads,
-                           width, shapes.head_dim or 0, head_groups=True):
+        heads = (shapes.num_attention_heads, shapes.num_key_value_heads or shapes.num_attention_heads,
+                 shapes.head_dim or 0)
+        try:  # the engine's resolver, at the width the runner will pass it
+            resolve_exact(True, "invariant", resolve_device(cfg.hardware), shape=heads, width=width)
+        except GenerateInputError as e:
             raise ValueError(f"exact_impl=invariant: every target forward runs {width} tokens wide (the widest "
-                             f"arm: block {block}, oracle N {max(oracle, default='-')}), which the row-attention "
-                             f"kernel does not take for {shapes.num_attention_heads}/{shapes.num_key_value_heads} "
-                             f"heads x head_dim {shapes.head_dim}; use exact_impl=rows (or auto), or smaller "
-                             "arms.oracle_num_speculative_tokens")
+                             f"arm: block {block}, arms without the drafter up to N {max(others, default='-')}); {e} "
+                             "Or run those arms at smaller N (arms.oracle_num_speculative_tokens)") from None
 
 
 def _exact_may_run(cfg) -> bool:

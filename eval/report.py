@@ -81,12 +81,11 @@ def main(argv: list[str] | None = None) -> dict:
     run_dir = args.run_dir
     records = read_run_records(run_dir)
     if args.rescore:
-        from dflash2.evaluation.records import RECORDS
+        from dflash2.evaluation.records import RECORDS, rewrite_records
         from dflash2.evaluation.rescore import rescore
-        from dflash2.jsonl import rewrite_jsonl
 
         records, changed = rescore(records)
-        rewrite_jsonl(run_dir / RECORDS, records)
+        rewrite_records(run_dir / RECORDS, records)
         print(f"rescored {len(records)} records: {changed} changed their correct field")
     summary = summarize(records, n_resamples=args.n_resamples, seed=args.seed,
                         accuracy_margin=args.accuracy_margin, logprob_margin=args.logprob_margin)

@@ -84,7 +84,8 @@ EVAL_CASES = [
     # Exact mode pads every forward to the widest arm (an oracle N + 1 above the block): 100 wide does not
     # fit the invariant kernels' tile (64 rows) for 2 query heads per K/V head (runs under TRITON_INTERPRET=1).
     ("exact-width-past-the-kernel", ["exact=true", "exact_impl=invariant", "arms.oracle_num_speculative_tokens=[99]"],
-     "exact_impl=invariant: every target forward runs 100 tokens wide (the widest arm: block 16, oracle N 99)"),
+     "exact_impl=invariant: every target forward runs 100 tokens wide (the widest arm: block 16, arms without the "
+     "drafter up to N 99)"),
     ("oracle-check-without-oracle", ["arms.oracle=false", "checks.oracle_min_accepted=1.0"],
      "checks.oracle_min_accepted=1.0 with arms.oracle=false: there is no oracle arm to check"),
 ]

@@ -18,13 +18,13 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from dflash2.engine.compiled import COMPILE_LEVELS
-from dflash2.engine.settings import EXACT_IMPLS, EngineSettings
+from dflash2.engine.settings import DEFAULT_EXACT_BLOCK_SIZE, EXACT_IMPLS, EngineSettings
 from dflash2.engine.verify import VERIFY_POLICIES
 from dflash2.kernels.dispatch import IMPLS, resolve_impl
 from dflash2.target import TargetModel, as_target
@@ -85,31 +85,60 @@ def invariant_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def resolve_exact_impl(exact_impl, exact: bool, tgt: TargetModel, width: int) -> str:
-    """Resolve `exact_impl` (`"auto" | "rows" | "invariant"`). Auto = `"invariant"` on a CUDA
-    target whose kernels can run it (proven in bf16 on the H200: tests/gpu/test_exact_mode.py),
-    `"rows"` everywhere else (on a CPU the interpreter would run the Triton kernels slowly).
-    Refuses `"invariant"` where its kernels cannot run (no Triton; a CPU target without the
-    interpreter; an attention layout the row-attention kernel does not take at `width`, the
-    padded block of `"rows"` and the query tile of `"invariant"`)."""
+def exact_width(block_size: int | None, num_speculative_tokens: Iterable[int] = ()) -> int | None:
+    """The exact-mode width of runs compared bit for bit: the draft's `block_size`, widened to the
+    largest N + 1 of the runs (an oracle may verify more tokens than the drafter's block holds);
+    None when neither is given. Only runs of one width are bit-identical, so every run of a
+    comparison (the AR reference included) is given this one width. `speculative_generate` applies
+    it to its own draft when `exact_block_size` is not passed; the evaluation runner and the
+    preflight apply it to the arms of a run."""
+    widths = ([int(block_size)] if block_size is not None else []) + [int(n) + 1 for n in num_speculative_tokens]
+    return max(widths) if widths else None
+
+
+def resolve_exact(exact, exact_impl, device: torch.device, *, compile_level=None,
+                  shape: tuple[int, int, int] | None = None, width: int | None = None) -> str:
+    """The one resolver and check of exact mode's settings: `exact` a bool; `compile_level` off
+    with exact mode (its kernels run uncompiled); `exact_impl` (`"auto" | "rows" | "invariant"`)
+    resolved: auto = `"invariant"` on a CUDA device whose kernels can run it (proven in bf16 on the
+    H200: tests/gpu/test_exact_mode.py), `"rows"` everywhere else (on a CPU the interpreter would
+    run the Triton kernels slowly). With `exact`, `"invariant"` is refused where its kernels cannot
+    run (no Triton; a non-CUDA device without the interpreter; with `shape` = (heads, kv_heads,
+    head_dim) and `width`, an attention layout the row-attention kernel does not take at `width`,
+    the padded block of `"rows"` and the query tile of `"invariant"`). `speculative_generate`'s
+    checks call it with the target's shapes; `eval/run.py`'s config checks call it before any
+    model is loaded (no `shape`). Raises `GenerateInputError` naming the argument and the fix."""
+    if not isinstance(exact, bool):
+        _fail("exact", f"is {exact!r}", "pass True or False")
+    if compile_level is not None and exact:
+        _fail("compile_level", f"is {compile_level!r} with exact=True (exact mode runs its own kernels uncompiled: "
+              "its bf16 proof on the GPU covers that path only)", "drop one of the two")
     if exact_impl not in ("auto", *EXACT_IMPLS):
         _fail("exact_impl", f"is {exact_impl!r}", "use 'auto', 'rows' or 'invariant'")
-    if exact_impl == "rows" or (exact_impl == "auto" and tgt.device.type != "cuda"):
+    if exact_impl == "rows" or (exact_impl == "auto" and device.type != "cuda"):
         return "rows"
-    from dflash2.engine.cache import attention_heads
-    from dflash2.kernels.row_attention import kernel_fits
-
-    heads, kv_heads, head_dim = attention_heads(tgt.config)
-    unavailable = invariant_unavailable(tgt.device)
+    unavailable = invariant_unavailable(device)
     reasons = [f"it {unavailable}"] if unavailable else []
-    if not kernel_fits(heads, kv_heads, width, head_dim, head_groups=True):
-        reasons.append(f"the row-attention kernel does not take {heads}/{kv_heads} heads x width {width} x "
-                       f"head_dim {head_dim}")
+    if shape is not None and width is not None:
+        from dflash2.kernels.row_attention import kernel_fits
+
+        heads, kv_heads, head_dim = shape
+        if not kernel_fits(heads, kv_heads, width, head_dim, head_groups=True):
+            reasons.append(f"the row-attention kernel does not take {heads}/{kv_heads} heads x width {width} x "
+                           f"head_dim {head_dim}")
     if exact_impl == "auto":
         return "rows" if reasons else "invariant"
     if exact and reasons:
         _fail("exact_impl", "is 'invariant' but " + "; ".join(reasons), "pass exact_impl='rows' (or 'auto')")
     return "invariant"
+
+
+def resolve_exact_impl(exact_impl, exact: bool, tgt: TargetModel, width: int, compile_level=None) -> str:
+    """`resolve_exact` for `tgt`'s device and attention shapes at `width`."""
+    from dflash2.engine.cache import attention_heads
+
+    return resolve_exact(exact, exact_impl, tgt.device, compile_level=compile_level,
+                         shape=attention_heads(tgt.config), width=width)
 
 
 def _fail(what: str, problem: str, fix: str) -> None:
@@ -320,18 +349,18 @@ def check_generate_inputs(
         _fail("impl", f"is {impl!r}", f"use one of {IMPLS}")
     if not isinstance(timing, bool):
         _fail("timing", f"is {timing!r}", "pass True or False")
-    if not isinstance(exact, bool):
+    if not isinstance(exact, bool):  # before the width, whose default depends on it (resolve_exact checks it too)
         _fail("exact", f"is {exact!r}", "pass True or False")
     # Exact mode pads every forward to one width, and only runs of the same width are bit-identical:
     # the AR reference (no draft) must be given the width of the speculative runs it is compared
     # with, so a run without a drafter's block_size has no default in exact mode.
     if exact_block_size is None:
-        width = getattr(draft, "block_size", None) if draft is not None else None
+        width = exact_width(getattr(draft, "block_size", None) if draft is not None else None)
         if exact and width is None:
             _fail("exact_block_size", "is not given and there is no draft whose block_size could set it",
                   "pass exact_block_size=W, the padded width of the speculative runs this one is compared "
                   "with (their draft's block_size); runs of different widths are not bit-identical")
-        exact_block_size = int(width) if width is not None else 16
+        exact_block_size = width if width is not None else DEFAULT_EXACT_BLOCK_SIZE
     exact_block_size = _int_arg("exact_block_size", exact_block_size, 1, hint=" (the padded width of every "
                                 "exact-mode target forward; use the speculative runs' block_size)")
 
@@ -363,13 +392,10 @@ def check_generate_inputs(
     if limit is not None:
         _check_position_limit(rows, max_new, exact_block_size - 1 if exact else n_spec, int(limit))
     stops = _stop_ids(stop_token_ids, vocab)
-    exact_kind = resolve_exact_impl(exact_impl, exact, tgt, exact_block_size)
-    use_graphs = _graphs_arg(graphs, tgt, draft, exact and exact_kind == "rows")
     if compile_level is not None and compile_level not in COMPILE_LEVELS:
         _fail("compile_level", f"is {compile_level!r}", f"pass None (off) or one of {COMPILE_LEVELS}")
-    if compile_level is not None and exact:
-        _fail("compile_level", f"is {compile_level!r} with exact=True (exact mode runs its own kernels uncompiled: "
-              "its bf16 proof on the GPU covers that path only)", "drop one of the two")
+    exact_kind = resolve_exact_impl(exact_impl, exact, tgt, exact_block_size, compile_level=compile_level)
+    use_graphs = _graphs_arg(graphs, tgt, draft, exact and exact_kind == "rows")
     if attention_impl not in IMPLS:
         _fail("attention_impl", f"is {attention_impl!r}", f"use one of {IMPLS}")
     if linear_impl not in IMPLS:

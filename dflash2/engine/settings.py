@@ -19,6 +19,8 @@ from dflash2.engine.verify import VERIFY_POLICIES
 RESOLVED_IMPLS = ("torch", "triton")
 EXACT_IMPLS = ("rows", "invariant")
 EXACT_SPLIT_KEYS = 256  # invariant exact mode: key slots per attention split, at fixed absolute boundaries
+# Exact mode's width when no draft sets it and exact mode is off (`inputs.exact_width` is the rule).
+DEFAULT_EXACT_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class EngineSettings:
     attention_impl: str
     linear_impl: str = "torch"
     exact: bool = False
-    exact_block_size: int = 16
+    exact_block_size: int = DEFAULT_EXACT_BLOCK_SIZE
     exact_impl: str = "rows"
     compile_level: str | None = None
     graphs: bool = False

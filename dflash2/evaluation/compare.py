@@ -45,20 +45,19 @@ from pathlib import Path
 import numpy as np
 
 from dflash2.evaluation import stats
-from dflash2.evaluation.records import read_run_records
+from dflash2.evaluation.arms import drafter_kinds, kind_of, primary_kind
+from dflash2.evaluation.records import Record, as_records, read_run_records
 from dflash2.evaluation.report import fmt_mcnemar_p
 from dflash2.jsonl import read_jsonl, to_jsonable
 
-DRAFT_KINDS = ("spec", "selector_off")  # the record `arm_kind`s that run a checkpoint
 TRAIN_KEYS = ("loss", "loss_unary", "loss_selector", "tau_proxy", "path_tau")
 KNOWN_COLOURS = {"dflash2": "#1f77b4", "conv_only": "#ff7f0e", "v1": "#2ca02c"}
 PALETTE = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79")
 
 
-# ------------------------------------------------------------------ the seam to the records
-# The only two functions that read run files. Records are today's dicts (dflash2.jsonl); when
-# dflash2.evaluation.records lands, these two switch to it (Record objects -> `dataclasses.asdict`)
-# and its dedupe rule, and nothing else here changes.
+# ------------------------------------------------------------------ the files read
+# A run's records come through `records.read_run_records` (typed `Record`s, its dedupe rule); a
+# distillation run's metrics through `read_training_metrics`.
 
 
 def read_training_metrics(train_dir: Path) -> list[dict]:
@@ -79,15 +78,15 @@ class ComparedRun:
     label: str
     temperature: float
     path: Path
-    records: list[dict]
+    records: list[Record]
     summary: dict
     spec_ns: tuple[int, ...]
     train_dir: Path | None
     predictions: dict
 
 
-def _checkpoint_of(records: list[dict]) -> Path | None:
-    paths = {r.get("draft_path") for r in records if r["arm_kind"] in DRAFT_KINDS} - {None}
+def _checkpoint_of(records: list[Record]) -> Path | None:
+    paths = {r.draft_path for r in records if r.arm_kind in drafter_kinds()} - {None}
     return Path(paths.pop()) if len(paths) == 1 else None
 
 
@@ -122,9 +121,9 @@ def load_run(spec: str | Path, *, n_resamples: int = 2000, seed: int = 0) -> lis
         train_dir = ckpt.parent
     label = name or (train_dir.name if train_dir else run_dir.name)
     out = []
-    for t in sorted({float(r["temperature"]) for r in records}):
-        recs = [r for r in records if float(r["temperature"]) == t]
-        ns = tuple(sorted({int(r["num_speculative_tokens"]) for r in recs if r["arm_kind"] == "spec"}))
+    for t in sorted({float(r.temperature) for r in records}):
+        recs = [r for r in records if float(r.temperature) == t]
+        ns = tuple(sorted({int(r.num_speculative_tokens) for r in recs if r.arm_kind == primary_kind()}))
         out.append(ComparedRun(label, t, run_dir, recs, stats.summarize(recs, n_resamples=n_resamples, seed=seed),
                                ns, train_dir if train_dir and train_dir.is_dir() else None,
                                _predictions(run_dir, t)))
@@ -140,32 +139,41 @@ def _arm_at(run: ComparedRun, kind: str, n: int) -> str | None:
 
 
 def _variant(label: str, kind: str) -> str:
-    return label if kind == "spec" else f"{label}, selector off"
+    """The drafter's name for its arm of `kind`: the name itself for the primary kind, else with
+    the kind's `compare_suffix` (", selector off")."""
+    return label + (kind_of(kind).compare_suffix or "")
 
 
-def _by_sample(run: ComparedRun, kind: str, n: int) -> dict[str, dict]:
-    return {r["sample_id"]: r for r in run.records if r["arm_kind"] == kind and int(r["num_speculative_tokens"]) == n}
+def _compared_kinds() -> list[str]:
+    """The drafter kinds a comparison shows (`compare_suffix` set), the primary one first."""
+    return [k for k in drafter_kinds() if kind_of(k).compare_suffix is not None]
+
+
+def _by_sample(run: ComparedRun, kind: str, n: int) -> dict[str, Record]:
+    return {r.sample_id: r for r in run.records if r.arm_kind == kind and int(r.num_speculative_tokens) == n}
 
 
 # ------------------------------------------------------------------ statistics computed here
 
 
-def tau_ratio(num: dict[str, dict], den: dict[str, dict], n_resamples: int = 2000, seed: int = 0) -> dict:
+def tau_ratio(num: dict[str, Record | dict], den: dict[str, Record | dict], n_resamples: int = 2000,
+              seed: int = 0) -> dict:
     """Ratio of pooled tau, num / den, over the sample ids both ran (and that took a step in both),
     with a paired bootstrap 95% CI: each resample draws sample ids with replacement, the same ids
     for both arms, and recomputes sum(accepted + 1) / steps for each (`stats.bootstrap_ci`).
 
     Args:
-        num, den: {sample_id: record} of the two arms.
+        num, den: {sample_id: record} of the two arms (`Record`s or their JSON dicts).
     Returns:
         {"n", "tau_num", "tau_den", "ratio", "ratio_ci"}; values None where undefined (no common
         samples; a CI needs two).
     """
-    ids = [s for s in num if s in den and num[s]["accepted"] and den[s]["accepted"]]
+    num, den = ({s: r for s, r in zip(side, as_records(side.values()))} for side in (num, den))
+    ids = [s for s in num if s in den and num[s].accepted and den[s].accepted]
     out = {"n": len(ids), "tau_num": None, "tau_den": None, "ratio": None, "ratio_ci": None}
     if not ids:
         return out
-    acc = [[np.asarray(side[s]["accepted"], dtype=float) for s in ids] for side in (num, den)]
+    acc = [[np.asarray(side[s].accepted, dtype=float) for s in ids] for side in (num, den)]
     produced = [np.array([a.sum() + a.size for a in side]) for side in acc]  # [n] each
     steps = [np.array([a.size for a in side], dtype=float) for side in acc]
     out["tau_num"], out["tau_den"] = (float(p.sum() / s.sum()) for p, s in zip(produced, steps))
@@ -227,7 +235,7 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 def _drafter_arms(runs: list[ComparedRun], n: int):
     """(run, kind, arm label) of every drafter arm (DFlash2, selector-off) at N = n, run by run."""
     for run in runs:
-        for kind in DRAFT_KINDS:
+        for kind in _compared_kinds():
             arm = _arm_at(run, kind, n)
             if arm is not None:
                 yield run, kind, arm
@@ -273,9 +281,9 @@ def _finite(v) -> bool:
     return v is not None and bool(np.isfinite(v))
 
 
-def _of_dataset(by_sample: dict[str, dict], dataset: str) -> dict[str, dict]:
+def _of_dataset(by_sample: dict[str, Record], dataset: str) -> dict[str, Record]:
     """The records of `dataset` ("all": every record)."""
-    return by_sample if dataset == "all" else {s: r for s, r in by_sample.items() if r["dataset"] == dataset}
+    return by_sample if dataset == "all" else {s: r for s, r in by_sample.items() if r.dataset == dataset}
 
 
 def ratio_table(runs: list[ComparedRun], n: int, n_resamples: int, seed: int) -> tuple[list, list, list[dict]]:
@@ -283,16 +291,17 @@ def ratio_table(runs: list[ComparedRun], n: int, n_resamples: int, seed: int) ->
     its selector-off arm in the same run; over all common samples ("all") and, when the runs hold
     more than one dataset, over each dataset's common samples."""
     header = ["ratio", "T", "dataset", "common samples", "tau num", "tau den", "ratio [95% CI]", "CI excludes 1"]
-    pairs = []
+    pairs, p = [], primary_kind()
     for i, a in enumerate(runs):
-        pairs += [(a, "spec", b, "spec") for b in runs[i + 1:] if b.temperature == a.temperature]
-    pairs += [(a, "spec", a, "selector_off") for a in runs if _arm_at(a, "selector_off", n)]
+        pairs += [(a, p, b, p) for b in runs[i + 1:] if b.temperature == a.temperature]
+    for k in _compared_kinds()[1:]:  # each ablation of the same weights, under its primary arm
+        pairs += [(a, p, a, k) for a in runs if _arm_at(a, k, n)]
     rows, data = [], []
     for a, ka, b, kb in pairs:
         num, den = _by_sample(a, ka, n), _by_sample(b, kb, n)
         if not num or not den:
             continue
-        datasets = sorted({r["dataset"] for r in num.values()} & {r["dataset"] for r in den.values()})
+        datasets = sorted({r.dataset for r in num.values()} & {r.dataset for r in den.values()})
         for ds in ["all"] + (datasets if len(datasets) > 1 else []):
             r = tau_ratio(_of_dataset(num, ds), _of_dataset(den, ds), n_resamples, seed)
             name = f"{_variant(a.label, ka)} / {_variant(b.label, kb)}"
@@ -324,7 +333,7 @@ def sweep_table(runs: list[ComparedRun]) -> tuple[list, list, list[dict]]:
         if len(run.spec_ns) < 2:
             continue
         for n in run.spec_ns:
-            arm = _arm_at(run, "spec", n)
+            arm = _arm_at(run, primary_kind(), n)
             o = run.summary["per_arm"][arm]["overall"]
             pred = run.predictions.get(arm)
             rows.append([run.label, f"{run.temperature:g}", str(n),
@@ -366,7 +375,8 @@ def drafter_colours(names: Sequence[str]) -> dict[str, str]:
 
 
 def _style(kind: str) -> dict:
-    return {"linestyle": "-" if kind == "spec" else "--", "marker": "o" if kind == "spec" else "s"}
+    primary = kind == primary_kind()
+    return {"linestyle": "-" if primary else "--", "marker": "o" if primary else "s"}
 
 
 def _errs(vals: list, cis: list):

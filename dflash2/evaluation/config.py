@@ -46,7 +46,8 @@ class DataSpec:
 
 @dataclass
 class ArmsSpec:
-    """The arms, run interleaved on every prompt.
+    """The arms, run interleaved on every prompt: one switch per registered arm kind (its
+    `ArmKind.flag`, `dflash2.evaluation.arms`), and the N values they run at.
 
     `ar`: the autoregressive baseline (always run when any other arm is: the others are compared
     to it). `dflash2`: the draft at each N in `num_speculative_tokens`. `selector_off`: the same
@@ -115,8 +116,9 @@ class EvalConfig:
             on for a greedy run on CUDA whose exact mode runs the batch-invariant kernels
             (`exact_impl` resolves to invariant, `compile_level` null), off otherwise (sampled
             runs, CPU, a compile level); true = on (the invariant kernels on CUDA, rows
-            elsewhere: `exact_impl`); false = off. Resolved
-            once by the runner (`runner.resolve_exact`) and recorded in each record and the summary.
+            elsewhere: `exact_impl`); false = off. Checked and resolved by the engine's resolver
+            (`dflash2.engine.inputs.resolve_exact`; `runner.resolve_exact` adds the auto rule),
+            once per run, and recorded in each record (the summary reads it from them).
         exact_impl: auto | rows | invariant: how exact mode keeps a row independent of its
             batch (`speculative_generate`'s `exact_impl`; auto = invariant on CUDA where its
             kernels fit, rows elsewhere; invariant = batched, graph-replayed, invariant kernels).
@@ -202,11 +204,6 @@ def validate(cfg: Any) -> None:
     level = getattr(cfg, "compile_level", None)
     if level is not None and level not in COMPILE_LEVELS:
         raise ValueError(f"compile_level={level!r}: use null (off), light or full")
-    if cfg.exact not in (None, True, False):
-        raise ValueError(f"exact={cfg.exact!r}: use true, false or null (auto: on for greedy runs on CUDA)")
-    exact_impl = getattr(cfg, "exact_impl", "auto")
-    if level is not None and cfg.exact:
-        raise ValueError(f"compile_level={level} with exact=true: exact mode runs its own kernels uncompiled; drop one")
     from dflash2.kernels.dispatch import IMPLS
 
     attention = getattr(cfg, "attention_impl", "auto")
@@ -220,17 +217,16 @@ def validate(cfg: Any) -> None:
             resolve_impl(attention, resolve_device(cfg.hardware))
         except RuntimeError as exc:
             raise ValueError(f"attention_impl=triton: {exc}") from None
-    from dflash2.engine.settings import EXACT_IMPLS
+    # Exact mode's settings are checked by the engine's own resolver, the one the runner resolves
+    # them with (`dflash2.engine.inputs.resolve_exact`), here before any model is loaded, on the
+    # device the config names (whether it is present is checked where it is used).
+    import torch
 
-    if exact_impl not in ("auto", *EXACT_IMPLS):
-        raise ValueError(f"exact_impl={exact_impl!r}: use auto, rows or invariant")
-    if cfg.exact and exact_impl == "invariant":
-        from dflash2.engine.inputs import invariant_unavailable
-        from dflash2.runconfig import resolve_device
+    from dflash2.engine.inputs import resolve_exact
+    from dflash2.runconfig import resolve_device
 
-        why = invariant_unavailable(resolve_device(cfg.hardware))
-        if why:
-            raise ValueError(f"exact_impl=invariant {why}; use exact_impl=rows (or auto) on this device")
+    device = resolve_device(cfg.hardware) if cfg.hardware.device == "auto" else torch.device(cfg.hardware.device)
+    resolve_exact(bool(cfg.exact), getattr(cfg, "exact_impl", "auto"), device, compile_level=level)
     if cfg.stats.n_resamples < 1:
         raise ValueError(f"stats.n_resamples={cfg.stats.n_resamples}: use >= 1 bootstrap resamples (>= 1000 for "
                          "stable 95% intervals)")
@@ -242,14 +238,16 @@ def validate(cfg: Any) -> None:
         raise ValueError(f"sandbox.timeout_s={sb.timeout_s}, sandbox.memory_mb={sb.memory_mb}, sandbox.max_processes="
                          f"{sb.max_processes}: use a timeout > 0 and limits >= 1 (every HumanEval run would fail)")
     checks = cfg.checks
-    if checks.oracle_min_accepted is not None and not cfg.arms.oracle:
-        raise ValueError(f"checks.oracle_min_accepted={checks.oracle_min_accepted} with arms.oracle=false: there is no "
-                         "oracle arm to check (the run would fail after all its work); set arms.oracle=true or "
-                         "checks.oracle_min_accepted=null")
-    if checks.draft_min_accepted is not None and not (cfg.arms.dflash2 or cfg.arms.selector_off):
-        raise ValueError(f"checks.draft_min_accepted={checks.draft_min_accepted} with arms.dflash2=false and "
-                         "arms.selector_off=false: there is no drafter arm to check; turn one on or set "
-                         "checks.draft_min_accepted=null")
+    from dflash2.evaluation.arms import enabled, registered
+
+    for check, what in (("oracle", "oracle"), ("draft", "drafter")):  # each threshold needs an arm it applies to
+        value = getattr(checks, f"{check}_min_accepted", None)
+        if value is None or enabled(cfg.arms, lambda k: k.accept_check == check):
+            continue
+        flags = [f"arms.{k.flag}" for k in registered() if k.accept_check == check]
+        raise ValueError(f"checks.{check}_min_accepted={value} with {' and '.join(f + '=false' for f in flags)}: "
+                         f"there is no {what} arm to check (the run would fail after all its work); set "
+                         f"{' or '.join(f + '=true' for f in flags)}, or checks.{check}_min_accepted=null")
     if not 0.0 <= cfg.arms.oracle_accept_prob <= 1.0:
         raise ValueError(f"arms.oracle_accept_prob={cfg.arms.oracle_accept_prob}: must be in [0, 1]")
 

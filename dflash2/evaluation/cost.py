@@ -49,7 +49,8 @@ import numpy as np
 
 from dflash2.engine.stats import tau_pooled
 from dflash2.evaluation.acceptance import AcceptanceProfile, expected_tokens_per_step
-from dflash2.evaluation.records import arm_family, dedupe
+from dflash2.evaluation.arms import baseline
+from dflash2.evaluation.records import Record, arm_family, as_records, dedupe
 from dflash2.jsonl import to_jsonable
 
 TERMS = ("overhead", "draft", "per_token", "kv", "attention")
@@ -276,26 +277,26 @@ def best_num_speculative_tokens(model: StepCostModel, profile: AcceptanceProfile
 # ------------------------------------------------------------------------------ records
 
 
-def _generations(records: list[dict]) -> list[list[dict]]:
+def _generations(records: list[Record]) -> list[list[Record]]:
     """Engine calls, in file order: consecutive records of one arm sharing `wall_s` (the runner
     splits a batch's wall time evenly over its rows), at most `batch_size` of them."""
-    groups: list[list[dict]] = []
+    groups: list[list[Record]] = []
     for r in records:
         g = groups[-1] if groups else None
-        if (g and g[0]["arm"] == r["arm"] and g[0]["temperature"] == r["temperature"]
-                and g[0]["wall_s"] == r["wall_s"] and len(g) < int(g[0].get("batch_size") or 1)):
+        if (g and g[0].arm == r.arm and g[0].temperature == r.temperature
+                and g[0].wall_s == r.wall_s and len(g) < int(g[0].batch_size or 1)):
             g.append(r)
         else:
             groups.append([r])
     return groups
 
 
-def _gen_ctx(g: list[dict]) -> float:
+def _gen_ctx(g: list[Record]) -> float:
     """Mean committed context over a generation's steps: prompt + half the generated tokens."""
-    return float(np.mean([int(r.get("prompt_tokens") or 0) + len(r["tokens"] or []) / 2 for r in g]))
+    return float(np.mean([int(r.prompt_tokens or 0) + len(r.tokens or []) / 2 for r in g]))
 
 
-def _step_costs(gens: dict[str, list[list[dict]]]) -> tuple[dict[str, float], float, dict]:
+def _step_costs(gens: dict[str, list[list[Record]]]) -> tuple[dict[str, float], float, dict]:
     """Stage 1: per-arm seconds per step with a shared per-generation overhead (prefill, first
     token, setup), by least squares over generations: wall_g = o + c_arm * steps_g."""
     arms = sorted(gens)
@@ -303,12 +304,12 @@ def _step_costs(gens: dict[str, list[list[dict]]]) -> tuple[dict[str, float], fl
     for j, arm in enumerate(arms):
         for g in gens[arm]:
             x = np.zeros(1 + len(arms))
-            x[0], x[1 + j] = 1.0, max(int(r["steps"]) for r in g)
+            x[0], x[1 + j] = 1.0, max(int(r.steps) for r in g)
             rows.append(x)
-            y.append(sum(float(r["wall_s"]) for r in g))
+            y.append(sum(float(r.wall_s) for r in g))
     x, y = np.array(rows), np.array(y)
     if not np.all(y > 0):
-        bad = sorted({arm for arm in arms for g in gens[arm] if sum(float(r["wall_s"]) for r in g) <= 0})
+        bad = sorted({arm for arm in arms for g in gens[arm] if sum(float(r.wall_s) for r in g) <= 0})
         raise ValueError(f"records of arms {bad} have wall_s <= 0: no step cost can be measured from them")
     note = "overhead o fitted"
     cols = list(range(x.shape[1]))
@@ -335,7 +336,7 @@ def _step_costs(gens: dict[str, list[list[dict]]]) -> tuple[dict[str, float], fl
     return {arm: float(coef[1 + j]) for j, arm in enumerate(arms)}, float(coef.get(0, 0.0)), info
 
 
-def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = None,
+def from_records(records: list[Record | dict], *, calibrate_arms: Iterable[str] | None = None,
                  predict_arms: Iterable[str] | None = None, min_ctx_spread: float = 0.2) -> dict:
     """Calibrate the cost model on evaluation records and predict every arm's speedup.
 
@@ -356,7 +357,7 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
     the highest predicted end-to-end speedup over the AR arm's generations (`N_end_to_end`).
 
     Args:
-        records: evaluation records (`dflash2.evaluation.records.Record` dicts; one per
+        records: evaluation records (`dflash2.evaluation.records.Record`s or their dicts; one per
             (arm, T, sample) is kept by `records.dedupe`); `batch_size` and `prompt_tokens` are
             used when present.
         calibrate_arms: arm labels to calibrate on (default: all). Must include the AR arm.
@@ -371,14 +372,14 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
     """
     if not records:
         raise ValueError("from_records: no records")
-    kept = dedupe(records)
-    temps = sorted({float(r["temperature"]) for r in kept})
+    kept = dedupe(as_records(records))
+    temps = sorted({float(r.temperature) for r in kept})
     cal = set(calibrate_arms) if calibrate_arms is not None else None
     pred = set(predict_arms) if predict_arms is not None else None
     out: dict = {"formula": FORMULA, "arms": {}, "predictions": {}, "profiles": {}, "best_n": {},
                  "step_cost": {}, "skipped": {}, "calibrated_on": [], "predicted": []}
     for t in temps:
-        recs = [r for r in kept if float(r["temperature"]) == t]
+        recs = [r for r in kept if float(r.temperature) == t]
         key = (lambda a: f"{a}|T={t:g}") if len(temps) > 1 else (lambda a: a)
         _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out)
     inside = sorted(set(out["predicted"]) & set(out["calibrated_on"]))
@@ -394,10 +395,11 @@ def from_records(records: list[dict], *, calibrate_arms: Iterable[str] | None = 
 
 
 def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
-    info = {r["arm"]: (r["arm_kind"], int(r["num_speculative_tokens"])) for r in recs}
-    ar_arms = [a for a, (k, _) in info.items() if k == "ar"]
+    info = {r.arm: (r.arm_kind, int(r.num_speculative_tokens)) for r in recs}
+    base = baseline().name
+    ar_arms = [a for a, (k, _) in info.items() if k == base]
     if len(ar_arms) != 1:
-        raise ValueError(f"T={t:g}: need exactly one AR arm (arm_kind 'ar') for the N = 0 step cost, got {ar_arms}")
+        raise ValueError(f"T={t:g}: need exactly one AR arm (arm_kind {base!r}) for the N = 0 step cost, got {ar_arms}")
     ar = ar_arms[0]
     calib = [a for a in info if cal is None or a in cal or key(a) in cal]
     if ar not in calib:
@@ -408,32 +410,32 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
     gens = defaultdict(list)
     for g in gens_all:
         if len(g) == batch:
-            gens[g[0]["arm"]].append(g)
+            gens[g[0].arm].append(g)
     step_c, overhead, stage1 = _step_costs({a: gens[a] for a in calib if gens[a]})
-    ctx = {a: float(np.average([_gen_ctx(g) for g in gens[a]], weights=[max(int(r["steps"]) for r in g) or 1
+    ctx = {a: float(np.average([_gen_ctx(g) for g in gens[a]], weights=[max(int(r.steps) for r in g) or 1
                                                                           for g in gens[a]])) for a in gens}
-    steps = {a: sum(int(r["steps"]) for r in recs if r["arm"] == a) for a in info}
+    steps = {a: sum(int(r.steps) for r in recs if r.arm == a) for a in info}
     out["step_cost"][f"T={t:g}"] = {"batch": batch, "per_arm_stage": stage1}
     out["calibrated_on"] += [key(a) for a in step_c]
     by_arm = defaultdict(list)
     for r in recs:
-        by_arm[r["arm"]].append(r)
-    ar_by_sample = {r["sample_id"]: r for r in by_arm[ar]}
+        by_arm[r.arm].append(r)
+    ar_by_sample = {r.sample_id: r for r in by_arm[ar]}
     c_ctx, ar_gens = ctx[ar], gens[ar]
 
     def wall(c: float, e: dict[str, float]) -> float:
         """Predicted wall time over the AR arm's generations at c s/step, where `e[sample_id]` is
         that row's expected tokens per step: a generation lasts as many steps as its slowest row
         needs, and a row's last step overshoots what it still needs by (E - 1) / 2 tokens."""
-        return sum(overhead + c * max((max(len(r["tokens"] or []) - 1, 0) + (e[r["sample_id"]] - 1) / 2)
-                                      / e[r["sample_id"]] for r in g)
+        return sum(overhead + c * max((max(len(r.tokens or []) - 1, 0) + (e[r.sample_id] - 1) / 2)
+                                      / e[r.sample_id] for r in g)
                    for g in ar_gens)
 
-    ar_ids = {r["sample_id"] for g in ar_gens for r in g}
+    ar_ids = {r.sample_id for g in ar_gens for r in g}
 
     # One step-cost model per arm kind (an oracle step has no draft forward, a dflash2 step has
     # one), each fitted on the AR arm plus that kind's calibration arms; it needs two N values.
-    for kind in sorted({k for k, _ in info.values()} - {"ar"}):
+    for kind in sorted({k for k, _ in info.values()} - {base}):
         # Keyed by the arms' own family name ("dflash2", "selector_off", "oracle"), not the kind.
         fam = f"{arm_family(next(a for a in info if info[a][0] == kind))}|T={t:g}"
         arms = [a for a in step_c if info[a][0] == kind]
@@ -446,11 +448,11 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
                                    for a in [ar] + arms], min_ctx_spread=min_ctx_spread)
         out["step_cost"][fam] = model.info()
         top = max(arms, key=lambda a: info[a][1])
-        prof = AcceptanceProfile.from_accepted([r["accepted"] for r in by_arm[top]], info[top][1], source=key(top))
+        prof = AcceptanceProfile.from_accepted([r.accepted for r in by_arm[top]], info[top][1], source=key(top))
         out["profiles"][fam] = {"source": prof.source, "conditional": list(prof.conditional),
                                 "unconditional": prof.unconditional}
-        row_prof = {r["sample_id"]: AcceptanceProfile.from_accepted([r["accepted"]], info[top][1])
-                    for r in by_arm[top] if r["accepted"]}
+        row_prof = {r.sample_id: AcceptanceProfile.from_accepted([r.accepted], info[top][1])
+                    for r in by_arm[top] if r.accepted}
 
         def e_rows(n: int) -> dict[str, float]:
             """sample_id -> that row's expected tokens per step at N = n: its own profile, else the
@@ -462,7 +464,7 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
                     for sid in ar_ids}
 
         ar_wall = wall(model.predict(batch, 0, c_ctx), e_rows(0))
-        targets = [a for a, (k, _) in info.items() if k == kind or (k == "ar" and key(a) not in out["arms"])]
+        targets = [a for a, (k, _) in info.items() if k == kind or (k == base and key(a) not in out["arms"])]
         for arm in sorted(targets, key=lambda a: info[a][1]):
             if pred is not None and arm not in pred and key(arm) not in pred:
                 continue
@@ -470,11 +472,11 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
             p = predict_speedup(model, prof.extended(n), batch, n, c_ctx)
             e = p.expected_tokens_per_step
             e2e = ar_wall / wall(p.step_s, e_rows(n))
-            pairs = [(ar_by_sample[r["sample_id"]], r) for r in by_arm[arm] if r["sample_id"] in ar_by_sample]
-            w_ar, w_x = sum(float(a["wall_s"]) for a, _ in pairs), sum(float(x["wall_s"]) for _, x in pairs)
-            accepted = [r["accepted"] for r in by_arm[arm]]
-            toks = sum(len(r["tokens"] or []) for r in by_arm[arm])
-            w_arm = sum(float(r["wall_s"]) for r in by_arm[arm])
+            pairs = [(ar_by_sample[r.sample_id], r) for r in by_arm[arm] if r.sample_id in ar_by_sample]
+            w_ar, w_x = sum(float(a.wall_s) for a, _ in pairs), sum(float(x.wall_s) for _, x in pairs)
+            accepted = [r.accepted for r in by_arm[arm]]
+            toks = sum(len(r.tokens or []) for r in by_arm[arm])
+            w_arm = sum(float(r.wall_s) for r in by_arm[arm])
             k = key(arm)
             out["arms"][k] = {
                 "arm_kind": info[arm][0], "N": n, "model": fam, "batch": batch, "ctx": c_ctx,
@@ -497,7 +499,7 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
                      f"outside the calibrated N range {cal_n[0]}..{cal_n[-1]}: step cost extrapolated linearly")}
 
 
-def for_report(records: list[dict]) -> tuple[dict, dict[str, float] | None]:
+def for_report(records: list[Record | dict]) -> tuple[dict, dict[str, float] | None]:
     """The cost model for an evaluation summary, or why there is none.
 
     Applies only when some temperature has an AR arm plus at least two N values of one
@@ -507,10 +509,12 @@ def for_report(records: list[dict]) -> tuple[dict, dict[str, float] | None]:
     Returns:
         (summary["cost_model"] dict with a human `note`, predictions {arm: speedup} or None).
     """
+    records = as_records(records)
     kinds: dict[tuple, set] = defaultdict(set)
     for r in records:
-        kinds[(float(r["temperature"]), r["arm_kind"])].add(int(r["num_speculative_tokens"]))
-    ok = any(k != "ar" and len(ns) >= 2 and (t, "ar") in kinds for (t, k), ns in kinds.items())
+        kinds[(float(r.temperature), r.arm_kind)].add(int(r.num_speculative_tokens))
+    base = baseline().name
+    ok = any(k != base and len(ns) >= 2 and (t, base) in kinds for (t, k), ns in kinds.items())
     if not ok:
         return {"skipped": "needs an AR arm plus at least two N values of one speculative arm kind"}, None
     try:
@@ -518,7 +522,7 @@ def for_report(records: list[dict]) -> tuple[dict, dict[str, float] | None]:
     except Exception as e:  # noqa: BLE001  (reported in the summary, never fatal for the run)
         return {"error": f"{type(e).__name__}: {e}"}, None
     parts = [f"{a} {v['predicted_speedup']:.2f}/{v['measured_speedup']:.2f}" for a, v in res["arms"].items()
-             if v["arm_kind"] != "ar" and v["measured_speedup"] is not None]
+             if v["arm_kind"] != base and v["measured_speedup"] is not None]
     best = ", ".join(f"{k}: N={v['N']}" for k, v in res["best_n"].items())
     best_e2e = ", ".join(f"{k}: N={v['N_end_to_end']}" for k, v in res["best_n"].items())
     res["note"] = (f"cost model ({'in-sample' if res['in_sample'] else 'out-of-sample'}): predicted/measured "
@@ -527,7 +531,7 @@ def for_report(records: list[dict]) -> tuple[dict, dict[str, float] | None]:
     return res, res["predictions"] or None
 
 
-def add_to_summary(summary: dict, records: list[dict]) -> dict[str, float] | None:
+def add_to_summary(summary: dict, records: list[Record | dict]) -> dict[str, float] | None:
     """`summary["cost_model"] = for_report(records)[0]` (JSON-safe) and its one-line verdict
     appended to `summary["notes"]` (shown in the report).
 

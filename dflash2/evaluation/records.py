@@ -1,12 +1,15 @@
 """The evaluation record: one per (arm, sample), the unit every statistic, report and plot of
 an evaluation is computed from (log-first evaluation: the records alone rebuild everything).
 
-`Record` below is the one list of a record's fields, with their types and meaning. On disk a run
+`Record` below is the one list of a record's fields, with their types and meaning, and the type
+records have in memory: the runner builds them, `read_records` returns them, and the statistics,
+cost model, checks, comparison, sharding and W&B read their typed fields. On disk a run
 directory holds `records.jsonl` (one `Record.to_json()` per line, written through
-`dflash2.jsonl`: fsynced, NaN as null) and, for a sharded run, `shards/records.rank<r>.jsonl`.
-In memory records travel as those JSON dicts (what `stats`, `cost`, `report` and `wandb_log`
-index by field name); `Record.from_json` is the gate every dict passes on its way in or out:
-unknown fields and missing required ones are refused with one clear error.
+`dflash2.jsonl`: fsynced, NaN as null) and, for a sharded run, `shards/records.rank<r>.jsonl`;
+reading and writing a file round-trips it byte for byte. `Record.from_json` is the gate every
+JSON dict passes on its way in: unknown fields and missing required ones are refused with one
+clear error. The public readers also take such dicts (`as_records`), so a test or a script may
+hand them plain JSON rows.
 
 Rules:
 - **Torn lines** (`dflash2.jsonl`): reading only (`read_records(path)`), a torn last line is
@@ -18,8 +21,9 @@ Rules:
   files); across files concatenated by hand, the later line is the newer measurement, which is
   the one a resumed or repeated run means to keep.
 
-Public: `Record`, `FIELDS`, `REQUIRED`, `ARM_KINDS`, `RECORDS`, `arm_family`, `record_key`, `dedupe`,
-`validate`, `append_records`, `read_records`, `read_run_records`.
+Public: `Record`, `FIELDS`, `REQUIRED`, `ARM_KINDS`, `RECORDS`, `as_records`, `arm_family`, `record_key`,
+`dedupe`, `validate`, `exact_of_records`, `append_records`, `rewrite_records`, `read_records`,
+`read_run_records`.
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash2.jsonl import append_jsonl, read_jsonl, repair_jsonl
+from dflash2.evaluation.arms import kind_names
+from dflash2.jsonl import append_jsonl, read_jsonl, repair_jsonl, rewrite_jsonl
 
 RECORDS = "records.jsonl"
-ARM_KINDS = ("ar", "spec", "selector_off", "oracle")
+ARM_KINDS = kind_names()  # the registered arm kinds (`dflash2.evaluation.arms`)
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,8 @@ class Record:
 
     Identity:
         arm: the arm's unique label, e.g. "ar", "dflash2@N=7", "selector_off@N=7", "oracle@N=3".
-        arm_kind: one of `ARM_KINDS` ("spec" is the DFlash2 drafter with its selector).
+        arm_kind: one of `ARM_KINDS`, the kinds registered in `dflash2.evaluation.arms` ("spec" is
+            the DFlash2 drafter with its selector).
         num_speculative_tokens: N, draft slots per step (0 for the AR arm).
         temperature: sampling temperature of the run (0 = greedy).
         dataset: "gsm8k" | "humaneval" | "mt_bench" (or a test's name).
@@ -112,8 +118,8 @@ class Record:
         if not isinstance(self.tokens, (list, tuple)) or not isinstance(self.accepted, (list, tuple)):
             raise ValueError(f"{where}: tokens and accepted must be lists, got {type(self.tokens).__name__} "
                              f"and {type(self.accepted).__name__}")
-        if self.arm_kind not in ARM_KINDS:
-            raise ValueError(f"{where}: arm_kind {self.arm_kind!r} is not one of {ARM_KINDS}")
+        if self.arm_kind not in kind_names():
+            raise ValueError(f"{where}: arm_kind {self.arm_kind!r} is not one of {kind_names()}")
         n = int(self.num_speculative_tokens)
         bad = [a for a in self.accepted if not 0 <= int(a) <= n]
         if bad:
@@ -146,9 +152,14 @@ FIELDS = tuple(f.name for f in dataclasses.fields(Record))
 REQUIRED = tuple(f.name for f in dataclasses.fields(Record) if f.default is dataclasses.MISSING)
 
 
-def validate(rows: Iterable[Mapping[str, Any]]) -> list[dict]:
-    """`rows` checked and completed through `Record` (every field present, None when unset)."""
-    return [Record.from_json(r).to_json() for r in rows]
+def as_records(rows: Iterable[Record | Mapping[str, Any]]) -> list[Record]:
+    """`rows` as `Record`s: records pass as they are, JSON dicts through `Record.from_json`."""
+    return [r if isinstance(r, Record) else Record.from_json(r) for r in rows]
+
+
+def validate(rows: Iterable[Record | Mapping[str, Any]]) -> list[dict]:
+    """`rows` checked and completed through `Record`, as JSON dicts (every field present, None when unset)."""
+    return [r.to_json() for r in as_records(rows)]
 
 
 def arm_family(arm: str) -> str:
@@ -157,26 +168,44 @@ def arm_family(arm: str) -> str:
     return re.sub(r"@N=\d+", "", arm)
 
 
-def record_key(rec: Mapping[str, Any]) -> tuple[str, float, str]:
+def record_key(rec: Record | Mapping[str, Any]) -> tuple[str, float, str]:
     """(arm, temperature, sample_id): what identifies one record of a run (or a T grid)."""
+    if isinstance(rec, Record):
+        return rec.arm, float(rec.temperature), rec.sample_id
     return rec["arm"], float(rec["temperature"]), rec["sample_id"]
 
 
-def dedupe(records: Iterable[dict]) -> list[dict]:
+def dedupe(records: Iterable[Record]) -> list[Record]:
     """One record per `record_key`: the last written wins, at its key's first position."""
-    latest: dict[tuple, dict] = {}
+    latest: dict[tuple, Record] = {}
     for r in records:
         latest[record_key(r)] = r
     return list(latest.values())
 
 
+def exact_of_records(records: list[Record]) -> dict:
+    """summary.json's `exact`, `exact_block_size` and `exact_impl`, read from the records, where
+    the runner recorded the run's resolved exact mode (`runner.resolve_exact`, `runner.exact_width`): a record
+    has a width exactly when it ran in exact mode. One value each, or the sorted list when the
+    records disagree; None (and `exact` false) when no record ran in exact mode."""
+    widths = sorted({r.exact_block_size for r in records} - {None})
+    impls = sorted({r.exact_impl for r in records} - {None})
+    one = lambda vs: vs[0] if len(vs) == 1 else (vs or None)  # noqa: E731
+    return {"exact_block_size": one(widths), "exact": bool(widths), "exact_impl": one(impls) if widths else None}
+
+
 def append_records(path: str | Path, records: Iterable[Record | Mapping[str, Any]]) -> None:
     """Append records to `path` (validated, fsynced, NaN as null)."""
-    append_jsonl(path, [(r if isinstance(r, Record) else Record.from_json(r)).to_json() for r in records])
+    append_jsonl(path, validate(records))
 
 
-def read_records(path: str | Path, *, repair: bool = False) -> list[dict]:
-    """Validated records of one JSONL file, in file order (duplicates kept; see `dedupe`).
+def rewrite_records(path: str | Path, records: Iterable[Record | Mapping[str, Any]]) -> None:
+    """Replace `path` by `records`, atomically (validated, NaN as null)."""
+    rewrite_jsonl(path, validate(records))
+
+
+def read_records(path: str | Path, *, repair: bool = False) -> list[Record]:
+    """The `Record`s of one JSONL file, in file order (duplicates kept; see `dedupe`).
 
     Args:
         path: a records file.
@@ -186,13 +215,13 @@ def read_records(path: str | Path, *, repair: bool = False) -> list[dict]:
     """
     path = Path(path)
     if repair:
-        return validate(repair_jsonl(path))
+        return as_records(repair_jsonl(path))
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; pass a run directory that eval/run.py wrote")
-    return validate(read_jsonl(path))
+    return as_records(read_jsonl(path))
 
 
-def read_run_records(run_dir: str | Path) -> list[dict]:
+def read_run_records(run_dir: str | Path) -> list[Record]:
     """The records of a finished (or killed) run directory, read only, one per `record_key`.
     Raises FileNotFoundError without `records.jsonl`, ValueError when it holds no records."""
     path = Path(run_dir) / RECORDS

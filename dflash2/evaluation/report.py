@@ -495,13 +495,13 @@ CSS = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}table{
        "padding:1em;overflow:auto;font-size:12px}")
 
 
-def write_report(out_dir: str | Path, records: list[dict], summary: dict, config: dict | None = None,
+def write_report(out_dir: str | Path, records: list, summary: dict, config: dict | None = None,
                  predictions: dict[str, float] | None = None) -> Path:
     """Write `out_dir/report.html` (self-contained) and `out_dir/report.md` (+ `out_dir/plots/*.png`).
 
     Args:
         out_dir: run directory.
-        records: the run's records (for counts in the header; statistics come from `summary`).
+        records: the run's `records.Record`s (for counts in the header; statistics come from `summary`).
         summary: `summarize(records)`.
         config: the resolved run config (shown verbatim at the end).
         predictions: optional arm -> predicted speedup from a cost model; adds the predicted vs

@@ -9,14 +9,18 @@ distinct (item, completion) runs once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
+from dflash2.evaluation.records import Record, as_records
 
-def rescore(records: Iterable[dict], *, source: str = "local", limits=None) -> tuple[list[dict], int]:
+
+def rescore(records: Iterable[Record | dict], *, source: str = "local", limits=None) -> tuple[list[Record], int]:
     """`(records with correct / exec_result / sandbox scored again, number whose correct changed)`.
 
     Args:
-        records: dicts of `records.jsonl` (GSM8K and HumanEval ones are rescored; others kept).
+        records: `Record`s (or their dicts) of `records.jsonl` (GSM8K and HumanEval ones are rescored;
+            others kept).
         source: where the items come from (`dflash2.evaluation.datasets`).
         limits: `SandboxLimits` for HumanEval (defaults when None).
     Raises:
@@ -26,25 +30,23 @@ def rescore(records: Iterable[dict], *, source: str = "local", limits=None) -> t
     from dflash2.evaluation.sandbox import check_humaneval
     from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion
 
-    records = [dict(r) for r in records]
+    records = as_records(records)
     items = {}
-    for name in {r["dataset"] for r in records} & {"gsm8k", "humaneval"}:
+    for name in {r.dataset for r in records} & {"gsm8k", "humaneval"}:
         items.update({f"{name}/{it.item_id}": it for it in ds.load_items(name, source=source)})
     cache: dict[tuple[str, str], dict] = {}
-    changed = 0
-    for r in records:
-        item = items.get(r["sample_id"])
-        if item is None:
-            continue
-        before = r.get("correct")
-        if r["dataset"] == "gsm8k":
-            r["correct"] = gsm8k_correct(r["text"], item.reference)
-        else:
-            completion = humaneval_completion(r["text"], item.problem)
-            key = (r["sample_id"], completion)
+    changed, out = 0, []
+    for before in records:
+        r, item = before, items.get(before.sample_id)
+        if item is not None and r.dataset == "gsm8k":
+            r = dataclasses.replace(r, correct=gsm8k_correct(r.text, item.reference))
+        elif item is not None:
+            completion = humaneval_completion(r.text, item.problem)
+            key = (r.sample_id, completion)
             if key not in cache:
                 cache[key] = check_humaneval(item.problem, completion, limits)
             res = cache[key]
-            r.update(correct=bool(res["passed"]), exec_result=res["result"], sandbox=res["isolation"])
-        changed += before != r["correct"]
-    return records, changed
+            r = dataclasses.replace(r, correct=bool(res["passed"]), exec_result=res["result"], sandbox=res["isolation"])
+        changed += r.correct != before.correct
+        out.append(r)
+    return out, changed

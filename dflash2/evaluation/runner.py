@@ -4,7 +4,8 @@
         AR arm first, then the other arms in an order rotated per chunk
         each arm: speculative_generate(...) -> one record per sample, appended and flushed
 
-Records are `dflash2.evaluation.records.Record`s (their fields are documented there); statistics
+Records are `dflash2.evaluation.records.Record`s, built here once per (arm, sample) with every
+field known (their fields are documented there) and appended as they come; statistics
 and reports are computed afterwards from the records alone (`stats.summarize`,
 `report.write_report`). Each sample's seed is a hash of (seed, sample_id), so batching,
 ordering and resuming never change a sample's draws. With `resume=true`, finished
@@ -35,9 +36,9 @@ from tqdm.auto import tqdm
 
 from dflash2.engine.stats import tau_pooled
 from dflash2.evaluation import datasets as ds
-from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm
+from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm, enabled, kind_of, registered
 from dflash2.evaluation.config import changed_keys, run_identity, to_container, validate
-from dflash2.evaluation.records import RECORDS, append_records
+from dflash2.evaluation.records import RECORDS, Record, append_records, as_records, exact_of_records
 from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval
 from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion, load_judge
 from dflash2.evaluation.sharding import SHARDS_DIR, Shard, existing_records, shard_file, shard_of
@@ -93,30 +94,34 @@ def _draft_fingerprint(draft_path: str | None) -> dict | None:
 
 
 def exact_width(arms, draft) -> int:
-    """The one padded width of every target forward in an exact run, the same for every arm
-    (AR, each N, selector-off, oracle), so their outputs are comparable bit for bit: the
-    drafter's `block_size` when the run has a drafter, widened to the largest N + 1 of its arms
-    (an oracle arm may verify more tokens than the drafter's block holds)."""
-    need = max(int(a.num_speculative_tokens) + 1 for a in arms)
-    return max(int(draft.block_size), need) if draft is not None else need
+    """The one width of every target forward in an exact run, the same for every arm (AR, each
+    N, selector-off, oracle), so their outputs are comparable bit for bit: the engine's rule
+    (`dflash2.engine.inputs.exact_width`) over the drafter's `block_size` (when the run has a
+    drafter) and the arms' N."""
+    from dflash2.engine.inputs import exact_width as engine_exact_width
+
+    return engine_exact_width(draft.block_size if draft is not None else None,
+                              [a.num_speculative_tokens for a in arms])
 
 
 def resolve_exact(cfg, target, width: int) -> tuple[bool, str | None]:
     """`(exact, exact_impl)` of a run: `cfg.exact` if true or false; null (auto) = on for a greedy
     run on a CUDA target whose exact mode resolves to the batch-invariant kernels (`exact_impl`
-    auto or invariant, no `compile_level`); `exact_impl` as the engine resolves it for the run's
-    `width` (None when exact mode is off)."""
+    auto or invariant, no `compile_level`); `exact_impl` as the engine's resolver
+    (`dflash2.engine.inputs.resolve_exact_impl`) resolves it for the run's `width` (None when
+    exact mode is off). The run passes these values to every `speculative_generate` call and
+    records them in every record; nothing re-resolves them."""
     from dflash2.engine.inputs import resolve_exact_impl
 
     impl = getattr(cfg, "exact_impl", "auto")
+    level = getattr(cfg, "compile_level", None)
     if cfg.exact is None:
-        level = getattr(cfg, "compile_level", None)
         cheap = (float(cfg.temperature) == 0.0 and target.device.type == "cuda" and level is None
                  and impl != "rows" and resolve_exact_impl("auto", False, target, width) == "invariant")
         return (True, "invariant") if cheap else (False, None)
     if not cfg.exact:
         return False, None
-    return True, resolve_exact_impl(impl, True, target, width)
+    return True, resolve_exact_impl(impl, True, target, width, compile_level=level)
 
 
 class EvalRunner:
@@ -167,8 +172,7 @@ class EvalRunner:
         from dflash2.runconfig import new_draft
 
         cfg = self.cfg
-        needs = cfg.arms.dflash2 or cfg.arms.selector_off
-        if not needs:
+        if not enabled(cfg.arms, lambda k: k.uses_draft):
             return None
         if cfg.draft_path:
             path = Path(cfg.draft_path)
@@ -215,13 +219,13 @@ class EvalRunner:
         first, second = self._samples(all_ranks=True)
         return [it.sample_id(t) for it, t in first + second]
 
-    def _prompt(self, item: ds.EvalItem, turn: int, ar_by_id: dict[str, dict]) -> list[int]:
+    def _prompt(self, item: ds.EvalItem, turn: int, ar_by_id: dict[str, Record]) -> list[int]:
         from dflash2.runconfig import encode_chat
 
         prev = []
         if turn > 1:
             # Every arm sees the AR arm's earlier answers: the turn-2 prompt is the same for all arms.
-            prev = [ar_by_id[item.sample_id(t)]["text"] for t in range(1, turn)]
+            prev = [ar_by_id[item.sample_id(t)].text for t in range(1, turn)]
         msgs = ds.messages_for(item, turn, prev, few_shot=self.cfg.data.few_shot, source=self.cfg.data.source)
         return encode_chat(self.tok, msgs, self.fmt)
 
@@ -281,7 +285,7 @@ class EvalRunner:
                                                      "prompt_format": self.fmt.to_dict(), "identity": self.identity},
                                                     indent=2, sort_keys=True, default=str))
 
-    def _existing(self) -> list[dict]:
+    def _existing(self) -> list[Record]:
         """Records already written (resume), after the run identity is checked. One process:
         `records.jsonl` (plus shard files of an earlier sharded run), torn lines cut. Several:
         rank 0 checks the identity (every rank raises its refusal) and cuts torn lines before any
@@ -309,7 +313,7 @@ class EvalRunner:
         sh.wait()
         return records
 
-    def run(self) -> list[dict]:
+    def run(self) -> list[Record]:
         """Generate every missing (arm, sample) record of this process's shard. Returns the
         records read from disk plus those generated."""
         sh = self.shard
@@ -320,8 +324,8 @@ class EvalRunner:
             rec_path = shard_file(self.out, sh.rank)
             rec_path.parent.mkdir(exist_ok=True)
             where = {"rank": sh.rank, "world_size": sh.world}
-        done = {(r["arm"], r["sample_id"]) for r in records}
-        ar_by_id = {r["sample_id"]: r for r in records if r["arm"] == "ar"}
+        done = {(r.arm, r.sample_id) for r in records}
+        ar_by_id = {r.sample_id: r for r in records if r.arm == self.arms[0].label}  # the baseline's
         first, second = self._samples()
         mine = {(a.label, it.sample_id(t)) for it, t in first + second for a in self.arms}
         total = len(mine)
@@ -342,14 +346,14 @@ class EvalRunner:
                         continue
                     timing = self.timings[arm.label]
                     t0 = self._clock()  # end to end: from before the prompts are built ...
-                    recs = self._run_arm(arm, todo, ar_by_id, timing)
+                    # the batch key is the same for every arm of this chunk
+                    recs = self._run_arm(arm, todo, ar_by_id, timing, batch=f"{p}/{c}", **where)
                     for rec in recs:
-                        rec.update(where, batch=f"{p}/{c}")  # the same key for every arm of this chunk
-                        append_records(rec_path, [rec])  # validated, fsynced: a kill tears at most this line
+                        append_records(rec_path, [rec])  # fsynced: a kill tears at most this line
                         records.append(rec)
-                        done.add((rec["arm"], rec["sample_id"]))
-                        if arm.kind == "ar":
-                            ar_by_id[rec["sample_id"]] = rec
+                        done.add((rec.arm, rec.sample_id))
+                        if arm.spec.baseline:
+                            ar_by_id[rec.sample_id] = rec
                         bar.update(1)
                     timing.add_chunk(self._clock() - t0, recs)  # ... to after its last record is fsynced
         bar.close()
@@ -368,7 +372,7 @@ class EvalRunner:
         ar = speculative_generate(self.target, None, [prompt], max_new_tokens=4, temperature=self.cfg.temperature,
                                   seed=0)
         for arm in self.arms[1:]:
-            if arm.kind == "oracle":
+            if arm.spec.needs_references:  # no AR tokens to read yet
                 continue
             d = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl)
             speculative_generate(self.target, d, [prompt], max_new_tokens=4,
@@ -381,9 +385,10 @@ class EvalRunner:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def _run_arm(self, arm: Arm, todo: list[tuple[ds.EvalItem, int]], ar_by_id: dict[str, dict],
-                 timing: ArmTiming | None = None) -> list[dict]:
-        """One generation call of `arm` over `todo` (one chunk); returns one record per row.
+    def _run_arm(self, arm: Arm, todo: list[tuple[ds.EvalItem, int]], ar_by_id: dict[str, Record],
+                 timing: ArmTiming | None = None, **fields) -> list[Record]:
+        """One generation call of `arm` over `todo` (one chunk); returns one record per row, with
+        `fields` (the chunk's `batch`, a shard's `rank` and `world_size`) set on each.
         With `timing`, adds the call's wall, the scorers' and the extra target forwards' seconds
         to it (the caller adds the end-to-end time and the counts)."""
         from dflash2.engine import speculative_generate
@@ -393,10 +398,10 @@ class EvalRunner:
         prompts = [self._prompt(it, t, ar_by_id) for it, t in todo]
         seeds = [sample_seed(cfg.seed, s) for s in sids]
         refs = None
-        if arm.kind == "oracle":
-            refs = [p + ar_by_id[s]["tokens"] for p, s in zip(prompts, sids)]
+        if arm.spec.needs_references:
+            refs = [p + ar_by_id[s].tokens for p, s in zip(prompts, sids)]
         draft = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl, references=refs,
-                              seeds=seeds, accept_prob=cfg.arms.oracle_accept_prob)
+                              seeds=seeds, arms_cfg=cfg.arms)
         kw = ({"exact": True, "exact_block_size": self.exact_width, "exact_impl": self.exact_impl}
               if self.exact else {})
         level = getattr(cfg, "compile_level", None)
@@ -424,123 +429,120 @@ class EvalRunner:
             t_score = time.perf_counter()
             correct, extra = self._score(item, text)
             score_s += time.perf_counter() - t_score
-            rec = {
-                "run_id": self.run_id, "arm": arm.label, "arm_kind": arm.kind,
-                "num_speculative_tokens": arm.num_speculative_tokens, "temperature": float(cfg.temperature),
-                "dataset": item.dataset, "sample_id": sid, "category": item.category, "seed": seeds[b],
-                "prompt_hash": prompt_hash(prompts[b]), "prompt_tokens": len(prompts[b]), "tokens": gen,
-                "text": text, "wall_s": wall / len(todo), "batch_size": len(todo), "steps": len(out.accepted[b]),
-                "accepted": list(map(int, out.accepted[b])), "finish_reason": out.finish_reasons[b],
-                "correct": correct, "logprob_mean": None, "identical_to_ar": None, "departure": None,
-                "target": cfg.target.name, "draft_path": cfg.draft_path,
-                "num_draft_layers": (int(self.draft.config.num_hidden_layers)
-                                     if self.draft is not None and arm.kind in ("spec", "selector_off") else None),
-                "exact_block_size": self.exact_width, "exact_impl": self.exact_impl, **extra,
-            }
             t_compare = self._clock()
-            self._compare(rec, prompts[b], ar_by_id.get(sid))
+            compared = self._compare(arm.spec.baseline, sid, gen, prompts[b], ar_by_id.get(sid))
             analysis_s += self._clock() - t_compare
             if self.judge is not None and item.dataset == "mt_bench":
                 t_score = time.perf_counter()
-                answers = [ar_by_id[item.sample_id(t)]["text"] for t in range(1, turn)] + [text]
-                rec["judge_score"] = float(self.judge(item.raw, answers))
+                answers = [ar_by_id[item.sample_id(t)].text for t in range(1, turn)] + [text]
+                extra["judge_score"] = float(self.judge(item.raw, answers))
                 score_s += time.perf_counter() - t_score
-            recs.append(rec)
+            recs.append(Record(
+                run_id=self.run_id, arm=arm.label, arm_kind=arm.kind, num_speculative_tokens=arm.num_speculative_tokens,
+                temperature=float(cfg.temperature), dataset=item.dataset, sample_id=sid, category=item.category,
+                seed=seeds[b], prompt_hash=prompt_hash(prompts[b]), prompt_tokens=len(prompts[b]), tokens=gen,
+                text=text, wall_s=wall / len(todo), batch_size=len(todo), steps=len(out.accepted[b]),
+                accepted=list(map(int, out.accepted[b])), finish_reason=out.finish_reasons[b], correct=correct,
+                target=cfg.target.name, draft_path=cfg.draft_path,
+                num_draft_layers=(int(self.draft.config.num_hidden_layers)
+                                  if self.draft is not None and arm.spec.uses_draft else None),
+                exact_block_size=self.exact_width, exact_impl=self.exact_impl, **compared, **extra, **fields))
         if timing is not None:
             timing.generation_s += wall
             timing.score_s += score_s
             timing.analysis_s += analysis_s
         return recs
 
-    def _compare(self, rec: dict, prompt: list[int], ar: dict | None) -> None:
-        """Fill logprob_mean, identical_to_ar and departure (AR-arm rows cached on the AR record)."""
-        gen = rec["tokens"]
+    def _compare(self, baseline: bool, sample_id: str, gen: list[int], prompt: list[int], ar: Record | None) -> dict:
+        """A record's `logprob_mean`, `identical_to_ar` and `departure` (None where not computed):
+        the generation `gen` of sample `sample_id` after `prompt`, against the AR arm's record `ar`
+        (the baseline arm's own rows cached for the departures of the other arms)."""
+        out = {"logprob_mean": None, "identical_to_ar": None, "departure": None}
         need_lp = self.cfg.compute_logprob
-        if rec["arm_kind"] == "ar":
+        if baseline:
             rows = self._target_rows(prompt, gen) if (need_lp or self.cfg.compute_departure) else None
             if rows is not None:
                 top = torch.topk(rows, 2, dim=-1)  # [G+1, 2] for departures of the other arms
-                self._ar_top[rec["sample_id"]] = (top.values.tolist(), top.indices.tolist())
-            rec["logprob_mean"] = self._logprob_mean(rows, gen) if need_lp else None
-            return
+                self._ar_top[sample_id] = (top.values.tolist(), top.indices.tolist())
+            out["logprob_mean"] = self._logprob_mean(rows, gen) if need_lp else None
+            return out
         if ar is None:
-            return
-        ar_gen = ar["tokens"]
-        rec["identical_to_ar"] = gen == ar_gen
-        if rec["identical_to_ar"]:
-            rec["logprob_mean"] = ar.get("logprob_mean") if need_lp else None
-            return
+            return out
+        ar_gen = ar.tokens
+        out["identical_to_ar"] = gen == ar_gen
+        if out["identical_to_ar"]:
+            out["logprob_mean"] = ar.logprob_mean if need_lp else None
+            return out
         if need_lp:
-            rec["logprob_mean"] = self._logprob_mean(self._target_rows(prompt, gen), gen)
+            out["logprob_mean"] = self._logprob_mean(self._target_rows(prompt, gen), gen)
         if self.cfg.compute_departure:
             i = next((j for j, (a, b) in enumerate(zip(gen, ar_gen)) if a != b), min(len(gen), len(ar_gen)))
-            cached = self._ar_top.get(rec["sample_id"])
+            cached = self._ar_top.get(sample_id)
             if cached is None:  # resumed run: the AR record came from disk
                 top = torch.topk(self._target_rows(prompt, ar_gen), 2, dim=-1)
                 cached = (top.values.tolist(), top.indices.tolist())
-                self._ar_top[rec["sample_id"]] = cached
+                self._ar_top[sample_id] = cached
             vals, ids = cached
-            rec["departure"] = {"position": int(i), "margin": float(vals[i][0] - vals[i][1]),
+            out["departure"] = {"position": int(i), "margin": float(vals[i][0] - vals[i][1]),
                                 "top1": int(ids[i][0]), "top2": int(ids[i][1])}
+        return out
 
 
-def run_checks(records: list[dict], checks, exact: bool = False) -> dict:
+def run_checks(records: list[Record | dict], checks, exact: bool = False) -> dict:
     """Post-run assertions (see `ChecksSpec`); returns their values and pass flags.
 
     The checks are T = 0 properties (sampled outputs legitimately leave the AR path), so at
     T > 0 their values are recorded and the checks are marked skipped."""
+    records = as_records(records)
     out: dict = {}
-    greedy = all(float(r["temperature"]) == 0.0 for r in records)
-    by_arm: dict[str, list[dict]] = defaultdict(list)
+    greedy = all(float(r.temperature) == 0.0 for r in records)
+    by_arm: dict[str, list[Record]] = defaultdict(list)
     for r in records:
-        by_arm[r["arm"]].append(r)
-    def mean_accepted(kinds) -> dict[str, float]:  # mean accepted drafts per step, per arm of these kinds
-        return {a: tau_pooled([r["accepted"] for r in rs]) - 1.0 for a, rs in by_arm.items()
-                if rs[0]["arm_kind"] in kinds}
+        by_arm[r.arm].append(r)
+
+    def mean_accepted(check: str) -> dict[str, float]:  # mean accepted drafts per step, per arm under `check`
+        kinds = {k.name for k in registered() if k.accept_check == check}
+        return {a: tau_pooled([r.accepted for r in rs]) - 1.0 for a, rs in by_arm.items()
+                if rs[0].arm_kind in kinds}
 
     def at_least(values: dict[str, float], threshold: float) -> dict:
         # an arm drafting N <= threshold tokens could pass only by accepting every draft, so it is
         # listed as not checked rather than failed; a run with no arm left to check fails
-        n_of = {a: int(by_arm[a][0].get("num_speculative_tokens") or 0) for a in values}
+        n_of = {a: int(by_arm[a][0].num_speculative_tokens or 0) for a in values}
         checked = {a: v for a, v in values.items() if n_of[a] > threshold}
         ok = bool(checked) and all(v >= threshold for v in checked.values())
         return {"threshold": threshold, "passed": ok if greedy else None, "skipped": None if greedy else "T > 0",
                 "not_checked": sorted(a for a in values if a not in checked)}
 
-    oracle = mean_accepted(("oracle",))
+    oracle = mean_accepted("oracle")
     if oracle:
         out["oracle_mean_accepted_per_step"] = oracle
     if checks.oracle_min_accepted is not None:
         out["oracle_min_accepted"] = {**at_least(oracle, checks.oracle_min_accepted), "measured": oracle}
-    drafted = mean_accepted(("spec", "selector_off"))
+    drafted = mean_accepted("draft")
     if drafted:
         out["draft_mean_accepted_per_step"] = drafted
     if getattr(checks, "draft_min_accepted", None) is not None:
         out["draft_min_accepted"] = {**at_least(drafted, checks.draft_min_accepted), "measured": drafted}
-    spec = [r for r in records if r["arm_kind"] != "ar"]
-    differing = sorted({f"{r['arm']}:{r['sample_id']}" for r in spec if r["identical_to_ar"] is False})
+    spec = [r for r in records if not kind_of(r.arm_kind).baseline]
+    differing = sorted({f"{r.arm}:{r.sample_id}" for r in spec if r.identical_to_ar is False})
     out["identical_to_ar"] = {"records": len(spec), "differing": differing[:50], "n_differing": len(differing)}
     if checks.require_identical or exact:
-        ok = not differing and all(r["identical_to_ar"] for r in spec)
+        ok = not differing and all(r.identical_to_ar for r in spec)
         out["identical_to_ar"].update(passed=ok if greedy else None, skipped=None if greedy else "T > 0")
     return out
 
 
-def finish(cfg, out_dir: Path, records: list[dict], runner: EvalRunner | None = None) -> dict:
+def finish(cfg, out_dir: Path, records: list[Record | dict], runner: EvalRunner | None = None) -> dict:
     """Summary, report, terminal table, W&B; then fail loudly if a check failed."""
     from dflash2.evaluation import report, stats
 
+    records = as_records(records)
     summary = stats.summarize(records, n_resamples=cfg.stats.n_resamples, seed=cfg.stats.seed,
                               accuracy_margin=cfg.stats.accuracy_margin)
-    # Exact mode as the records say it ran (the runner resolves `exact: null` per run).
-    widths = sorted({r.get("exact_block_size") for r in records} - {None})
-    impls = sorted({r.get("exact_impl") for r in records} - {None})
-    exact = bool(widths) if cfg.exact is None else bool(cfg.exact)
-    summary["checks"] = run_checks(records, cfg.checks, exact=exact)
-    summary["exact_block_size"] = widths[0] if len(widths) == 1 else (widths or None)
-    summary["exact"] = exact
-    summary["exact_impl"] = (impls[0] if len(impls) == 1 else (impls or getattr(cfg, "exact_impl", "auto"))) \
-        if exact else None
+    exact = exact_of_records(records)  # as the runner resolved and recorded it (`exact: null` per run)
+    summary["checks"] = run_checks(records, cfg.checks, exact=exact["exact"])
+    summary.update(exact)
     if runner is not None:
         summary["run_id"], summary["prompt_format"] = runner.run_id, runner.fmt.to_dict()
         summary["end_to_end"] = runner.end_to_end()  # this process's timed chunks (rank 0's when sharded)

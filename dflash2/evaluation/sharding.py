@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash2.evaluation.records import RECORDS, dedupe, read_records
-from dflash2.jsonl import rewrite_jsonl
+from dflash2.evaluation.records import RECORDS, Record, as_records, dedupe, read_records, rewrite_records
 
 if TYPE_CHECKING:  # torch loads in init_shard: comparing and merging record files needs none of it
     import torch
@@ -133,7 +132,7 @@ def shard_files(out_dir: str | Path) -> list[Path]:
     return sorted(files, key=lambda p: int(p.stem.removeprefix("records.rank")))
 
 
-def existing_records(out_dir: str | Path, *, repair: bool) -> list[dict]:
+def existing_records(out_dir: str | Path, *, repair: bool) -> list[Record]:
     """All records already in `out_dir`: `records.jsonl`, then every shard file by rank.
 
     Args:
@@ -145,14 +144,14 @@ def existing_records(out_dir: str | Path, *, repair: bool) -> list[dict]:
     """
     out_dir = Path(out_dir)
     paths = [out_dir / RECORDS] + shard_files(out_dir)
-    recs: list[dict] = []
+    recs: list[Record] = []
     for p in paths:
         if p.exists():
             recs.extend(read_records(p, repair=repair))
     return recs
 
 
-def merge_records(records: list[dict], sample_order: list[str], arm_order: list[str]) -> list[dict]:
+def merge_records(records: list[Record | dict], sample_order: list[str], arm_order: list[str]) -> list[Record]:
     """One record per (arm, sample) (`records.dedupe`: the last written wins) sorted canonically.
 
     Args:
@@ -165,14 +164,14 @@ def merge_records(records: list[dict], sample_order: list[str], arm_order: list[
     """
     s_pos = {s: i for i, s in enumerate(sample_order)}
     a_pos = {a: i for i, a in enumerate(arm_order)}
-    def key(r: dict) -> tuple:
-        s, a = r["sample_id"], r["arm"]
+    def key(r: Record) -> tuple:
+        s, a = r.sample_id, r.arm
         return (s_pos.get(s, len(s_pos)), s, a_pos.get(a, len(a_pos)), a)
 
-    return sorted(dedupe(records), key=key)
+    return sorted(dedupe(as_records(records)), key=key)
 
 
-def merge_run_dir(out_dir: str | Path, sample_order: list[str], arm_order: list[str]) -> list[dict]:
+def merge_run_dir(out_dir: str | Path, sample_order: list[str], arm_order: list[str]) -> list[Record]:
     """Merge `records.jsonl` and every shard file of `out_dir` into one `records.jsonl`
     (written to a temporary file, then renamed: a crash leaves the old file or the new one).
     The shard files stay (provenance, and a later resume reads them too).
@@ -182,7 +181,7 @@ def merge_run_dir(out_dir: str | Path, sample_order: list[str], arm_order: list[
     """
     out_dir = Path(out_dir)
     merged = merge_records(existing_records(out_dir, repair=True), sample_order, arm_order)
-    rewrite_jsonl(out_dir / RECORDS, merged)
+    rewrite_records(out_dir / RECORDS, merged)
     return merged
 
 
@@ -200,16 +199,16 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path, fields: tuple[str, ...] =
     """
     def load(d) -> tuple[dict, int, list[int], float]:
         recs = read_records(Path(d) / RECORDS)
-        by_key = {(r["arm"], r["sample_id"]): r for r in dedupe(recs)}
-        ranks = sorted({int(r["rank"]) for r in recs if r.get("rank") is not None})
-        return by_key, len(recs) - len(by_key), ranks, float(sum(r.get("wall_s") or 0.0 for r in recs))
+        by_key = {(r.arm, r.sample_id): r for r in dedupe(recs)}
+        ranks = sorted({int(r.rank) for r in recs if r.rank is not None})
+        return by_key, len(recs) - len(by_key), ranks, float(sum(r.wall_s or 0.0 for r in recs))
 
     a, dup_a, ranks_a, wall_a = load(dir_a)
     b, dup_b, ranks_b, wall_b = load(dir_b)
     common = sorted(set(a) & set(b))
     differing = []
     for k in common:
-        bad = [f for f in fields if a[k].get(f) != b[k].get(f)]
+        bad = [f for f in fields if getattr(a[k], f) != getattr(b[k], f)]
         if bad:
             differing.append({"key": list(k), "fields": bad})
     only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))

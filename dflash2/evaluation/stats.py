@@ -43,7 +43,8 @@ import numpy as np
 from dflash2 import jsonl
 from dflash2.engine.stats import (accepted_length_histogram, per_position_acceptance, produced_and_steps,
                                   tau_per_request_mean, tau_pooled)
-from dflash2.evaluation.records import arm_family, dedupe, validate
+from dflash2.evaluation.arms import kind_of
+from dflash2.evaluation.records import Record, arm_family, as_records, dedupe
 
 CONFIDENCE = 0.95
 ALPHA = 1 - CONFIDENCE   # the level of the paired tests
@@ -235,15 +236,15 @@ def to_jsonable(obj: Any) -> Any:
     return jsonl.to_jsonable(_unwrap_numpy(obj))
 
 
-def batch_key(rec: dict) -> tuple:
+def batch_key(rec: Record) -> tuple:
     """The generation batch a record was timed in: its `batch` field, or, for records written
     before that field existed, the (wall_s, batch_size) its batch members share exactly."""
-    if rec.get("batch") is not None:
-        return ("batch", rec.get("rank"), rec["batch"])
-    return ("wall", rec.get("rank"), rec["wall_s"], rec.get("batch_size"))
+    if rec.batch is not None:
+        return ("batch", rec.rank, rec.batch)
+    return ("wall", rec.rank, rec.wall_s, rec.batch_size)
 
 
-def batch_totals(records: list[dict], *values: Sequence[float]) -> list[np.ndarray]:
+def batch_totals(records: list[Record], *values: Sequence[float]) -> list[np.ndarray]:
     """Each of `values` (one number per record) summed per generation batch (`batch_key`), batches
     in order of first appearance: the units a bootstrap of timed quantities must resample."""
     keys = [batch_key(r) for r in records]
@@ -252,17 +253,17 @@ def batch_totals(records: list[dict], *values: Sequence[float]) -> list[np.ndarr
     return [np.bincount(ids, weights=np.asarray(v, dtype=float), minlength=len(index)) for v in values]
 
 
-def _arm_key(rec: dict, multi_t: bool) -> str:
-    return f"{rec['arm']}|T={float(rec['temperature']):g}" if multi_t else rec["arm"]
+def _arm_key(rec: Record, multi_t: bool) -> str:
+    return f"{rec.arm}|T={float(rec.temperature):g}" if multi_t else rec.arm
 
 
 def _sort_key(arm: str, info: dict) -> tuple:
-    order = {"ar": 0, "spec": 1, "selector_off": 2, "oracle": 3}
-    return (float(info["temperature"]), order.get(info["arm_kind"], 9), info["arm_kind"],
+    # Per temperature, the arm kinds in their registered order (`ArmKind.order`: AR first), then N.
+    return (float(info["temperature"]), kind_of(info["arm_kind"]).order, info["arm_kind"],
             int(info["num_speculative_tokens"]), arm)
 
 
-def acceptance(recs: list[dict], N: int, n_resamples: int = 2000, seed: int = 0,
+def acceptance(recs: list[Record], N: int, n_resamples: int = 2000, seed: int = 0,
                with_position_ci: bool = False) -> dict:
     """tau (pooled, per-request), per-position acceptance and histogram over `recs`' steps, with
     95% cluster-bootstrap CIs (requests resampled).
@@ -272,7 +273,7 @@ def acceptance(recs: list[dict], N: int, n_resamples: int = 2000, seed: int = 0,
     `per_position_acceptance_ci` (`[N]` of (low, high) with `with_position_ci`, else absent) and
     `accepted_length_histogram` `[N + 1]`.
     """
-    accepted = [r["accepted"] or [] for r in recs]
+    accepted = [r.accepted or [] for r in recs]
     produced, steps = produced_and_steps(accepted)
     out: dict[str, Any] = {"steps_total": int(steps.sum()),
                            "accepted_length_histogram": accepted_length_histogram(accepted, N)}
@@ -297,15 +298,15 @@ def acceptance(recs: list[dict], N: int, n_resamples: int = 2000, seed: int = 0,
     return out
 
 
-def _compare(recs: list[dict], ar: dict[str, dict], temperature: float, n_resamples: int, seed: int,
+def _compare(recs: list[Record], ar: dict[str, Record], temperature: float, n_resamples: int, seed: int,
              accuracy_margin: float, logprob_margin: float) -> dict:
     """Paired comparison of an arm's records with the AR records of the same samples."""
-    pairs = [(r, ar[r["sample_id"]]) for r in recs if r["sample_id"] in ar]
+    pairs = [(r, ar[r.sample_id]) for r in recs if r.sample_id in ar]
     out: dict[str, Any] = {"n_paired": len(pairs)}
     if not pairs:
         return out
-    w_ar = np.array([a["wall_s"] for _, a in pairs], dtype=float)
-    w_x = np.array([r["wall_s"] for r, _ in pairs], dtype=float)
+    w_ar = np.array([a.wall_s for _, a in pairs], dtype=float)
+    w_x = np.array([r.wall_s for r, _ in pairs], dtype=float)
     out["wall_s_ar"] = float(w_ar.sum())
     out["speedup"] = float(w_ar.sum() / w_x.sum()) if w_x.sum() > 0 else None
     # A batch is timed as one: its rows share one wall time, so they are not independent draws.
@@ -315,12 +316,12 @@ def _compare(recs: list[dict], ar: dict[str, dict], temperature: float, n_resamp
     out["speedup_batches"] = len(b_x)
     out["speedup_ci"] = paired_bootstrap_ci(b_ar, b_x, _ratio, n_resamples, seed, vectorized=True)
 
-    scored = [(r, a) for r, a in pairs if r.get("correct") is not None and a.get("correct") is not None]
+    scored = [(r, a) for r, a in pairs if r.correct is not None and a.correct is not None]
     if scored:
-        x = np.array([bool(r["correct"]) for r, _ in scored], dtype=float)
-        y = np.array([bool(a["correct"]) for _, a in scored], dtype=float)
-        only_x = sorted(r["sample_id"] for (r, _), xi, yi in zip(scored, x, y) if xi and not yi)
-        only_ar = sorted(r["sample_id"] for (r, _), xi, yi in zip(scored, x, y) if yi and not xi)
+        x = np.array([bool(r.correct) for r, _ in scored], dtype=float)
+        y = np.array([bool(a.correct) for _, a in scored], dtype=float)
+        only_x = sorted(r.sample_id for (r, _), xi, yi in zip(scored, x, y) if xi and not yi)
+        only_ar = sorted(r.sample_id for (r, _), xi, yi in zip(scored, x, y) if yi and not xi)
         n = len(scored)
         psi = (len(only_x) + len(only_ar)) / n
         mde = mcnemar_mde(n, psi)
@@ -334,14 +335,14 @@ def _compare(recs: list[dict], ar: dict[str, dict], temperature: float, n_resamp
             tost_accuracy_n_min=tost_min_pairs(accuracy_margin),
             n_scored_paired=n, discordance=psi, mde_accuracy=mde,
         )
-    ident = [r["identical_to_ar"] for r, _ in pairs if r.get("identical_to_ar") is not None]
+    ident = [r.identical_to_ar for r, _ in pairs if r.identical_to_ar is not None]
     out["identical_fraction"] = float(np.mean(ident)) if ident else None
-    deps = [r for r, _ in pairs if r.get("departure")]
+    deps = [r for r, _ in pairs if r.departure]
     out["n_departures"] = len(deps)
     if temperature == 0:  # at T > 0 outputs depart by design; listing them says nothing
-        out["departures"] = [{"sample_id": r["sample_id"], **r["departure"]} for r in deps]
-    lp = [(r["logprob_mean"], a["logprob_mean"]) for r, a in pairs
-          if r.get("logprob_mean") is not None and a.get("logprob_mean") is not None]
+        out["departures"] = [{"sample_id": r.sample_id, **r.departure} for r in deps]
+    lp = [(r.logprob_mean, a.logprob_mean) for r, a in pairs
+          if r.logprob_mean is not None and a.logprob_mean is not None]
     if lp:
         lx, ly = np.array(lp, dtype=float).T
         out["logprob_diff"] = float((lx - ly).mean())
@@ -352,27 +353,27 @@ def _compare(recs: list[dict], ar: dict[str, dict], temperature: float, n_resamp
     return out
 
 
-def _metrics(recs: list[dict], info: dict, ar: dict[str, dict] | None, n_resamples: int, seed: int,
+def _metrics(recs: list[Record], info: dict, ar: dict[str, Record] | None, n_resamples: int, seed: int,
              accuracy_margin: float, logprob_margin: float, with_position_ci: bool) -> dict:
     from statsmodels.stats.proportion import proportion_confint
 
     N = int(info["num_speculative_tokens"])
-    tokens = sum(len(r["tokens"] or []) for r in recs)
-    wall = sum(float(r["wall_s"]) for r in recs)
+    tokens = sum(len(r.tokens or []) for r in recs)
+    wall = sum(float(r.wall_s) for r in recs)
     m: dict[str, Any] = {"n": len(recs), "tokens_total": tokens, "wall_s_total": wall,
                          "tokens_per_s": tokens / wall if wall > 0 else None,
-                         "finish_reasons": dict(Counter(r["finish_reason"] for r in recs))}
+                         "finish_reasons": dict(Counter(r.finish_reason for r in recs))}
     m.update(acceptance(recs, N, n_resamples, seed, with_position_ci))
-    lps = [r["logprob_mean"] for r in recs if r.get("logprob_mean") is not None]
+    lps = [r.logprob_mean for r in recs if r.logprob_mean is not None]
     m["logprob_mean"] = float(np.mean(lps)) if lps else None
-    scored = [bool(r["correct"]) for r in recs if r.get("correct") is not None]
+    scored = [bool(r.correct) for r in recs if r.correct is not None]
     m["n_scored"] = len(scored)
     if scored:
         k = sum(scored)
         m["accuracy"] = k / len(scored)
         m["accuracy_ci"] = tuple(float(v) for v in proportion_confint(k, len(scored), alpha=1 - CONFIDENCE,
                                                                       method="wilson"))
-    if info["arm_kind"] == "ar":
+    if kind_of(info["arm_kind"]).baseline:
         m["speedup"], m["speedup_ci"] = 1.0, (1.0, 1.0)
     elif ar:
         m.update(_compare(recs, ar, float(info["temperature"]), n_resamples, seed, accuracy_margin,
@@ -382,12 +383,12 @@ def _metrics(recs: list[dict], info: dict, ar: dict[str, dict] | None, n_resampl
 
 # ------------------------------------------------------------------------------ summary
 
-def summarize(records: list[dict], *, n_resamples: int = 2000, seed: int = 0, accuracy_margin: float = 0.02,
+def summarize(records: list[Record | dict], *, n_resamples: int = 2000, seed: int = 0, accuracy_margin: float = 0.02,
               logprob_margin: float = 0.05) -> dict:
     """All statistics of a run, JSON-serializable (the content of `DIR/summary.json`).
 
     Args:
-        records: one dict per (arm, sample) (`records.Record` fields; validated here). A later
+        records: one `records.Record` per (arm, sample) (or its JSON dict, checked here). A later
             record for the same (arm, temperature, sample_id) replaces an earlier one
             (`records.dedupe`).
         n_resamples, seed: bootstrap settings (every CI is deterministic given the seed).
@@ -399,18 +400,18 @@ def summarize(records: list[dict], *, n_resamples: int = 2000, seed: int = 0, ac
         by_category}, and `vs_n[arm_kind]` = per-N series (tau, speedup with CIs) for plots.
         Arms are labelled by `arm`, suffixed `|T=...` when the records hold several temperatures.
     """
-    kept = dedupe(validate(records))
-    multi_t = len({float(r["temperature"]) for r in kept}) > 1
+    kept = dedupe(as_records(records))
+    multi_t = len({float(r.temperature) for r in kept}) > 1
     by_arm: dict[str, list[dict]] = defaultdict(list)
     info: dict[str, dict] = {}
     for r in kept:
         arm = _arm_key(r, multi_t)
         by_arm[arm].append(r)
-        info.setdefault(arm, {k: r[k] for k in ("arm_kind", "num_speculative_tokens", "temperature")})
+        info.setdefault(arm, {k: getattr(r, k) for k in ("arm_kind", "num_speculative_tokens", "temperature")})
     arms = sorted(by_arm, key=lambda a: _sort_key(a, info[a]))
-    ar_of_t = {float(info[a]["temperature"]): {r["sample_id"]: r for r in by_arm[a]}
-               for a in arms if info[a]["arm_kind"] == "ar"}
-    datasets = sorted({r["dataset"] for r in kept})
+    ar_of_t = {float(info[a]["temperature"]): {r.sample_id: r for r in by_arm[a]}
+               for a in arms if kind_of(info[a]["arm_kind"]).baseline}
+    datasets = sorted({r.dataset for r in kept})
     notes: list[str] = []
     kw = dict(n_resamples=n_resamples, seed=seed, accuracy_margin=accuracy_margin, logprob_margin=logprob_margin)
 
@@ -418,24 +419,24 @@ def summarize(records: list[dict], *, n_resamples: int = 2000, seed: int = 0, ac
     for arm in arms:
         recs = by_arm[arm]
         ar = ar_of_t.get(float(info[arm]["temperature"]))
-        if ar is None and info[arm]["arm_kind"] != "ar":
+        if ar is None and not kind_of(info[arm]["arm_kind"]).baseline:
             notes.append(f"{arm}: no AR arm at T={info[arm]['temperature']:g}; no speedup or paired tests")
         entry = dict(info[arm], overall=_metrics(recs, info[arm], ar, with_position_ci=True, **kw))
         entry["by_dataset"] = {
-            ds: _metrics([r for r in recs if r["dataset"] == ds], info[arm], ar, with_position_ci=False, **kw)
-            for ds in datasets if any(r["dataset"] == ds for r in recs)}
+            ds: _metrics([r for r in recs if r.dataset == ds], info[arm], ar, with_position_ci=False, **kw)
+            for ds in datasets if any(r.dataset == ds for r in recs)}
         cats: dict[str, list[dict]] = defaultdict(list)
         for r in recs:
-            if r.get("category"):
-                cats[r["category"]].append(r)
+            if r.category:
+                cats[r.category].append(r)
         entry["by_category"] = {c: acceptance(v, int(info[arm]["num_speculative_tokens"]), n_resamples, seed,
                                               False) for c, v in sorted(cats.items())}
         per_arm[arm] = entry
         notes.extend(_arm_notes(arm, entry["overall"]))
 
     return to_jsonable({
-        "arms": arms, "n_samples": len({r["sample_id"] for r in kept}), "datasets": datasets,
-        "temperatures": sorted({float(r["temperature"]) for r in kept}),
+        "arms": arms, "n_samples": len({r.sample_id for r in kept}), "datasets": datasets,
+        "temperatures": sorted({float(r.temperature) for r in kept}),
         "n_records": len(kept),
         "conventions": conventions(n_resamples, seed, accuracy_margin, logprob_margin,
                                    {a: e["overall"]["speedup_batches"] for a, e in per_arm.items()
@@ -468,7 +469,7 @@ def _vs_n(arms: list[str], per_arm: dict) -> dict:
     series: dict[str, dict] = {}
     for arm in arms:
         e = per_arm[arm]
-        if e["arm_kind"] == "ar":
+        if kind_of(e["arm_kind"]).baseline:
             continue
         s = series.setdefault(arm_family(arm), {k: [] for k in ("arms", "N", "tau_pooled", "tau_pooled_ci",
                                                                 "tau_per_request", "tau_per_request_ci", "speedup",

@@ -57,11 +57,11 @@ class ArmTiming:
     score_s: float = 0.0
     analysis_s: float = 0.0
 
-    def add_chunk(self, total_s: float, records: list[dict]) -> None:
-        """Count one timed chunk: its end-to-end seconds and the records it wrote."""
+    def add_chunk(self, total_s: float, records: list) -> None:
+        """Count one timed chunk: its end-to-end seconds and the `records.Record`s it wrote."""
         self.chunks += 1
         self.samples += len(records)
-        self.tokens += sum(len(r["tokens"]) for r in records)
+        self.tokens += sum(len(r.tokens) for r in records)
         self.total_s += float(total_s)
 
 

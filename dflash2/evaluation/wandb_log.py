@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash2.engine.stats import tau_pooled
-from dflash2.evaluation.records import FIELDS, validate
+from dflash2.evaluation.records import FIELDS, Record, as_records
 from dflash2.runconfig import LoggerSpec
 
 MODES = ("disabled", "offline", "online")
@@ -65,14 +65,14 @@ def flat_metrics(summary: dict) -> dict[str, Any]:
     return flat
 
 
-def _record_rows(records: list[dict]) -> list[list[Any]]:
+def _record_rows(records: list[Record | dict]) -> list[list[Any]]:
     """One row per record, in `RECORD_COLUMNS` order (tau: None for a record without steps)."""
     rows = []
-    for r in validate(records):
-        tau = tau_pooled([r["accepted"]]) if r["accepted"] else None
-        row = [r[f] for f in RECORD_FIELD_COLUMNS]
-        row[RECORD_FIELD_COLUMNS.index("text")] = (r["text"] or "")[:TEXT_CHARS]
-        rows.append(row + [len(r["tokens"]), tau])
+    for r in as_records(records):
+        tau = tau_pooled([r.accepted]) if r.accepted else None
+        row = [getattr(r, f) for f in RECORD_FIELD_COLUMNS]
+        row[RECORD_FIELD_COLUMNS.index("text")] = (r.text or "")[:TEXT_CHARS]
+        rows.append(row + [len(r.tokens), tau])
     return rows
 
 
@@ -144,7 +144,7 @@ def build_report(run_or_path, summary: dict, *, entity: str | None = None, title
                      description="Speculative decoding evaluation (dflash2)", blocks=blocks)
 
 
-def log_run(summary: dict, records: list[dict], logger: LoggerSpec, config: dict, out_dir: str | os.PathLike,
+def log_run(summary: dict, records: list[Record | dict], logger: LoggerSpec, config: dict, out_dir: str | os.PathLike,
             *, predictions: dict[str, float] | None = None) -> str | None:
     """Log an evaluation run to W&B.
 

@@ -125,7 +125,7 @@ def test_ratio_ci_is_the_stats_bootstrap_when_the_denominator_is_constant(ablati
     """Same scipy percentile bootstrap, same seed, same resampled sample ids as stats' pooled-tau CI."""
     _, recs = ablation
     num = {r["sample_id"]: r for r in recs["dflash2", 0.0] if r["arm"] == "dflash2@N=7"}
-    den = {sid: dict(r, accepted=[1] * 4) for sid, r in num.items()}  # tau 2 everywhere
+    den = {sid: dict(r, accepted=[1] * 4, steps=4) for sid, r in num.items()}  # tau 2 everywhere
     r = compare.tau_ratio(num, den, n_resamples=RESAMPLES, seed=0)
     s = summarize(recs["dflash2", 0.0], n_resamples=RESAMPLES)["per_arm"]["dflash2@N=7"]["overall"]
     assert r["ratio"] == pytest.approx(s["tau_pooled"] / 2)

@@ -12,7 +12,8 @@ import pytest
 from dflash2.evaluation import cost
 from dflash2.evaluation.cost import AcceptanceProfile, StepCost, StepCostModel
 from dflash2.engine.stats import per_position_acceptance
-from tests.evaluation.synthetic import synthetic_records
+from dflash2.evaluation.records import Record
+from tests.evaluation.synthetic import record, synthetic_records
 
 TRUE = {1: dict(overhead=2e-3, draft=3e-4, per_token=4e-5, kv=1e-7, attention=2e-9),
         4: dict(overhead=3e-3, draft=5e-4, per_token=1.5e-4, kv=4e-7, attention=8e-9)}
@@ -222,7 +223,8 @@ def _batched_records(batch: int = 4, n_batches: int = 6, ns=(1, 3, 7, 15), seed:
             wall = (2e-3 + steps * (1e-3 + 5e-5 * n)) / batch
             for sid, _, length in rows:
                 recs.append({"arm": arm, "arm_kind": kind, "num_speculative_tokens": n, "temperature": 0.0,
-                             "sample_id": sid, "prompt_tokens": 30, "tokens": list(range(length)),
+                             "dataset": "gsm8k", "finish_reason": "length", "sample_id": sid, "prompt_tokens": 30,
+                             "tokens": list(range(length)),
                              "wall_s": wall, "steps": len(accepted[sid]), "accepted": accepted[sid],
                              "batch_size": batch})
     return recs
@@ -262,7 +264,7 @@ def test_step_costs_never_trade_the_overhead_for_a_negative_step_cost():
     folds the overhead into positive step costs. Real numbers from an H200 run's shape: AR and
     N = 1 generations of 255 steps with a little noise."""
     def rec(arm, steps, wall):
-        return {"arm": arm, "steps": steps, "wall_s": wall}
+        return Record.from_json(record(arm, "s", steps=steps, accepted=[0] * steps, wall_s=wall))
 
     gens = {"ar": [[rec("ar", 255, 2.00)], [rec("ar", 254, 2.02)], [rec("ar", 255, 1.99)]],
             "n1": [[rec("n1", 200, 2.10)], [rec("n1", 201, 2.05)], [rec("n1", 199, 2.12)]]}

@@ -66,7 +66,7 @@ def test_invariant_exact_mode_is_refused_before_work_where_its_kernels_cannot_ru
 
     cfg = _compose(["experiment=tiny_cpu", "exact=true", "exact_impl=invariant", "hardware.device=cpu"])
     monkeypatch.setattr(dispatch, "triton_interpreter_enabled", lambda: False)
-    with pytest.raises(ValueError, match="exact_impl=invariant runs its kernels on CUDA"):
+    with pytest.raises(ValueError, match="exact_impl: is .invariant. but it runs its kernels on CUDA"):
         validate(cfg)
     monkeypatch.setattr(dispatch, "triton_interpreter_enabled", lambda: True)  # the interpreter runs them
     validate(cfg)

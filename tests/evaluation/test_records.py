@@ -52,7 +52,7 @@ def test_append_and_read_use_the_one_torn_line_rule(tmp_path):
     with open(path, "a") as fh:
         fh.write('{"arm": "ar", "sample_id": "s/3", "tok')  # a write killed midway
     with pytest.warns(TornLineWarning, match="skipped"):
-        assert [r["sample_id"] for r in read_records(path)] == ["s/0", "s/1", "s/2"]
+        assert [r.sample_id for r in read_records(path)] == ["s/0", "s/1", "s/2"]
     assert path.read_text().endswith("tok")  # reading never changes the file
     with pytest.warns(TornLineWarning, match="dropped"):
         assert len(read_records(path, repair=True)) == 3
@@ -76,7 +76,7 @@ def test_dedupe_keeps_the_last_written_at_the_first_position(tmp_path):
                                                                                 ("a", None, 1.0)]
     assert record_key(a1) == ("ar", 0.0, "a")
     append_records(tmp_path / "records.jsonl", [a0, b0, a1])
-    assert [r["run_id"] for r in read_run_records(tmp_path)] == ["new", None]
+    assert [r.run_id for r in read_run_records(tmp_path)] == ["new", None]
     (tmp_path / "records.jsonl").write_text("")
     with pytest.raises(ValueError, match="holds no records"):
         read_run_records(tmp_path)
@@ -138,3 +138,25 @@ def test_evaluation_layers_read_top_down():
     for path in (pkg / "engine" / "stats.py", pkg / "engine" / "generate.py"):
         assert not [m for m in _imports(path) if m.startswith("dflash2.evaluation")], path
     assert not (pkg / "engine" / "cost.py").exists()  # the cost model is evaluation's
+
+
+def test_archived_records_round_trip_byte_for_byte(tmp_path):
+    """A record file of an archived run (`results/qwen05b_ablation/eval.tgz`) reads as `Record`s and
+    writes back to the same bytes, so archived runs still load, and rebuild, with typed records."""
+    import tarfile
+    from pathlib import Path
+
+    from dflash2.evaluation.records import rewrite_records
+
+    archive = Path(__file__).resolve().parents[2] / "results" / "qwen05b_ablation" / "eval.tgz"
+    with tarfile.open(archive) as tar:
+        original = tar.extractfile("eval/v1_T0/records.jsonl").read()
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(original)
+    recs = read_records(path)
+    assert len(recs) == original.count(b"\n") == 1648 and all(isinstance(r, Record) for r in recs)
+    assert {r.arm_kind for r in recs} == {"ar", "spec"} and sum(r.exec_result is not None for r in recs) == 328
+    rewrite_records(tmp_path / "again.jsonl", recs)
+    assert (tmp_path / "again.jsonl").read_bytes() == original
+    append_records(tmp_path / "appended.jsonl", recs)
+    assert (tmp_path / "appended.jsonl").read_bytes() == original

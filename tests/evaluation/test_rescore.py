@@ -38,9 +38,9 @@ def _records():
 
 def test_rescore_scores_each_record_from_its_text():
     recs, changed = rescore(_records())
-    assert [r["correct"] for r in recs] == [True, False, True, None]
+    assert [r.correct for r in recs] == [True, False, True, None]
     assert changed == 3
-    assert recs[2]["exec_result"] == "passed"
+    assert recs[2].exec_result == "passed"
 
 
 def test_report_rescore_rewrites_the_records_and_the_summary(tmp_path):

@@ -20,7 +20,7 @@ from dflash2.engine import speculative_generate
 from dflash2.evaluation.arms import SelectorOffProposer, build_arms
 from dflash2.evaluation.config import ArmsSpec
 from dflash2.evaluation.oracle import OracleProposer
-from dflash2.evaluation.records import read_records
+from dflash2.evaluation.records import Record, read_records
 from dflash2.evaluation.runner import sample_seed
 from dflash2.jsonl import TornLineWarning
 from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
@@ -103,7 +103,7 @@ def test_torn_last_record_is_dropped(tmp_path):
     p = tmp_path / "records.jsonl"
     p.write_text(json.dumps(record("ar", "a")) + "\n" + '{"arm": "ar", "samp')
     with pytest.warns(TornLineWarning):
-        assert [r["sample_id"] for r in read_records(p, repair=True)] == ["a"]
+        assert [r.sample_id for r in read_records(p, repair=True)] == ["a"]
     assert p.read_text().endswith("}\n")  # appending continues on a clean line
 
 
@@ -120,20 +120,18 @@ def runner(tmp_path_factory):
 
 def test_departure_margin_is_the_targets_top2_gap_on_the_ar_prefix(runner):
     prompt, ar = [9707, 11, 1879], [13, 1576, 374, 264]
-    rec_ar = {"arm_kind": "ar", "sample_id": "s", "tokens": ar}
-    runner._compare(rec_ar, prompt, None)
-    spec = {"arm_kind": "spec", "sample_id": "s", "tokens": ar[:2] + [7, 7]}
-    runner._compare(spec, prompt, rec_ar)
+    got_ar = runner._compare(True, "s", ar, prompt, None)
+    assert got_ar["identical_to_ar"] is None and got_ar["departure"] is None and got_ar["logprob_mean"] < 0
+    rec_ar = Record.from_json(record("ar", "s", tokens=ar, steps=0, accepted=[], **got_ar))
+    spec = runner._compare(False, "s", ar[:2] + [7, 7], prompt, rec_ar)
     with torch.no_grad():
         logits = runner.target(torch.tensor([prompt + ar[:2]]), logits_to_keep=1).logits[0, -1].float()
     top = torch.topk(logits, 2)
     assert spec["identical_to_ar"] is False
     assert spec["departure"]["position"] == 2 and spec["departure"]["top1"] == int(top.indices[0])
     assert spec["departure"]["margin"] == pytest.approx(float(top.values[0] - top.values[1]), abs=1e-4)
-    same = {"arm_kind": "oracle", "sample_id": "s", "tokens": list(ar)}
-    runner._compare(same, prompt, rec_ar)
-    assert same["identical_to_ar"] and same.get("departure") is None and same["logprob_mean"] == rec_ar["logprob_mean"]
-    assert rec_ar["logprob_mean"] < 0
+    same = runner._compare(False, "s", list(ar), prompt, rec_ar)
+    assert same == {"identical_to_ar": True, "departure": None, "logprob_mean": rec_ar.logprob_mean}
 
 
 def test_changed_config_refuses_to_append(runner, tmp_path):
@@ -208,17 +206,17 @@ def test_tiny_cpu_end_to_end_killed_and_resumed(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     records = read_records(rec)
-    pairs = [(r["arm"], r["sample_id"]) for r in records]
+    pairs = [(r.arm, r.sample_id) for r in records]
     assert len(pairs) == len(set(pairs)) == 4 * 4  # 4 samples (MT-Bench: 2 turns) x 4 arms, none twice
     assert records[: len(before)] == before  # finished records were kept, not redone
-    assert {r["dataset"] for r in records} == {"gsm8k", "humaneval", "mt_bench"}
+    assert {r.dataset for r in records} == {"gsm8k", "humaneval", "mt_bench"}
     # Every arm of one chunk carries that chunk's batch key, so speedup CIs resample batches.
     batches = {}
     for r in records:
-        batches.setdefault(r["sample_id"], set()).add(r["batch"])
+        batches.setdefault(r.sample_id, set()).add(r.batch)
     assert all(len(b) == 1 for b in batches.values()), batches
     # T = 0, fp32 on CPU: every speculative arm reproduces the AR tokens.
-    assert all(r["identical_to_ar"] for r in records if r["arm_kind"] != "ar")
+    assert all(r.identical_to_ar for r in records if r.arm_kind != "ar")
     # The killed-and-resumed run equals an uninterrupted one: the same (arm, sample) records with
     # the same tokens, acceptance, correctness and text (wall times differ).
     from dflash2.evaluation.sharding import compare_runs
@@ -226,8 +224,8 @@ def test_tiny_cpu_end_to_end_killed_and_resumed(tmp_path):
     same = compare_runs(_uninterrupted(tmp_path / "whole"), out, fields=("tokens", "accepted", "correct",
                                                                           "finish_reason", "text", "batch"))
     assert same["equal"] and same["n_compared"] == 16, json.dumps(same, indent=1)
-    oracle = [r for r in records if r["arm_kind"] == "oracle"]
-    assert sum(map(sum, (r["accepted"] for r in oracle))) / sum(r["steps"] for r in oracle) >= 1.0
+    oracle = [r for r in records if r.arm_kind == "oracle"]
+    assert sum(map(sum, (r.accepted for r in oracle))) / sum(r.steps for r in oracle) >= 1.0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["checks"]["oracle_min_accepted"]["passed"] and summary["checks"]["identical_to_ar"]["passed"]
     # The resumed process timed only what it generated; the killed one's records are not timed.
@@ -264,11 +262,11 @@ def test_end_to_end_time_covers_the_records_this_process_generated(tmp_path, cap
     assert list(e2e["per_arm"]) == summary["arms"] and (e2e["rank"], e2e["world_size"]) == (0, 1)
     assert e2e["samples"] == len(records) == 16
     for arm, e in e2e["per_arm"].items():
-        mine = [r for r in records if r["arm"] == arm]
+        mine = [r for r in records if r.arm == arm]
         assert e["samples"] == len(mine) == 4 and e["chunks"] == 4  # batch_size 1: one chunk per sample
-        assert e["tokens"] == sum(len(r["tokens"]) for r in mine) > 0
+        assert e["tokens"] == sum(len(r.tokens) for r in mine) > 0
         # Nested intervals of one clock: the chunk holds the call, the scorers and the extra forwards.
-        assert e["generation_s"] == pytest.approx(sum(r["wall_s"] for r in mine), rel=1e-9)
+        assert e["generation_s"] == pytest.approx(sum(r.wall_s for r in mine), rel=1e-9)
         assert e["total_s"] >= e["generation_s"] + e["score_s"] + e["analysis_s"] and e["generation_s"] > 0
         assert e["host_s"] == pytest.approx(e["total_s"] - e["generation_s"] - e["analysis_s"])
         assert e["ms_per_token"] == pytest.approx(1e3 * e["total_s"] / e["tokens"])
@@ -304,8 +302,8 @@ def test_checks_pass_fail_and_skip_when_sampling():
 
     def rec(arm, kind, acc, same, t=0.0):
         n = int(arm.split("@N=")[1]) if "@N=" in arm else 0
-        return {"arm": arm, "arm_kind": kind, "accepted": acc, "steps": len(acc), "identical_to_ar": same,
-                "temperature": t, "sample_id": "s", "num_speculative_tokens": n}
+        return record(arm, "s", arm_kind=kind, accepted=acc, steps=len(acc), identical_to_ar=same, temperature=t,
+                      num_speculative_tokens=n)
 
     checks = ChecksSpec(oracle_min_accepted=1.0, require_identical=True)
     good = [rec("ar", "ar", [0, 0], None), rec("oracle@N=3", "oracle", [3, 1], True)]
@@ -374,17 +372,17 @@ def test_a_samples_draws_depend_on_its_id_only(runner):
         runner.cfg.temperature = 0.0  # T = 0: a batch of two equals two batches of one
         pair = runner._run_arm(ar, items, {})
         singles = [runner._run_arm(ar, [x], {})[0] for x in items]
-        assert [r["tokens"] for r in pair] == [r["tokens"] for r in singles]
+        assert [r.tokens for r in pair] == [r.tokens for r in singles]
         runner.cfg.temperature = 1.0  # sampled: the same draws whatever ran before (order, resume)
         first = runner._run_arm(ar, [items[1]], {})[0]
         runner._run_arm(ar, [items[0]], {})
         again = runner._run_arm(ar, [items[1]], {})[0]
-        assert first["tokens"] == again["tokens"] and first["seed"] == again["seed"]
-        assert runner._run_arm(ar, [items[0]], {})[0]["seed"] != first["seed"]
+        assert first.tokens == again.tokens and first.seed == again.seed
+        assert runner._run_arm(ar, [items[0]], {})[0].seed != first.seed
         # Sampled and batched: each row draws with its own sample's seed, as when run alone.
         pair = runner._run_arm(ar, items, {})
         singles = [runner._run_arm(ar, [x], {})[0] for x in items]
-        assert [r["tokens"] for r in pair] == [r["tokens"] for r in singles]
+        assert [r.tokens for r in pair] == [r.tokens for r in singles]
     finally:
         runner.cfg.temperature, runner.cfg.max_new_tokens = old_t, old_n
 
@@ -401,13 +399,13 @@ def test_every_arm_of_an_exact_run_gets_the_same_padded_width(tmp_path):
                     "data.datasets=[gsm8k,humaneval]", "max_new_tokens=6", f"output_dir={out}"])
     run_eval(cfg, out, job_name="eval")
     recs = read_records(out / "records.jsonl")
-    assert {r["arm_kind"] for r in recs} == {"ar", "spec", "selector_off", "oracle"}
-    assert {r["arm"]: r["exact_block_size"] for r in recs} == {r["arm"]: 8 for r in recs}
+    assert {r.arm_kind for r in recs} == {"ar", "spec", "selector_off", "oracle"}
+    assert {r.arm: r.exact_block_size for r in recs} == {r.arm: 8 for r in recs}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exact_block_size"] == 8 and summary["exact"] is True and summary["exact_impl"] == "rows"
-    assert {r["exact_impl"] for r in recs} == {"rows"}  # as resolved (auto = rows on a CPU)
-    assert all(r["identical_to_ar"] for r in recs if r["arm_kind"] != "ar")
-    n_spec = sum(r["arm_kind"] != "ar" for r in recs)
+    assert {r.exact_impl for r in recs} == {"rows"}  # as resolved (auto = rows on a CPU)
+    assert all(r.identical_to_ar for r in recs if r.arm_kind != "ar")
+    n_spec = sum(r.arm_kind != "ar" for r in recs)
     assert (f"Greedy: {n_spec} speculative records, all bit-identical to the AR arm; exact mode on (every forward 8 "
             "wide, exact_impl rows)." in (out / "report.md").read_text())
 
@@ -423,6 +421,26 @@ def test_exact_width_widens_to_the_largest_verify_block():
     assert exact_width(arms, Draft()) == 16
     assert exact_width(arms[:2], Draft()) == 8
     assert exact_width([Arm("ar", "ar", 0), Arm("oracle@N=3", "oracle", 3)], None) == 4
+    # The runner applies the engine's one rule (also the preflight's and speculative_generate's default).
+    from dflash2.engine.inputs import exact_width as engine_exact_width
+
+    assert engine_exact_width(8) == 8 and engine_exact_width(8, [0, 15]) == 16 and engine_exact_width(None) is None
+
+
+def test_summary_reads_exact_mode_from_the_records():
+    """The exact mode a run resolved is recorded once, in its records; the summary reads it there
+    (a record has a width exactly when it ran in exact mode)."""
+    from dflash2.evaluation.records import exact_of_records
+
+    def rec(width, impl):
+        return Record.from_json(record("ar", "s", exact_block_size=width, exact_impl=impl))
+
+    off = rec(None, None)
+    assert exact_of_records([off, off]) == {"exact_block_size": None, "exact": False, "exact_impl": None}
+    rows = rec(8, "rows")
+    assert exact_of_records([rows, rows]) == {"exact_block_size": 8, "exact": True, "exact_impl": "rows"}
+    mixed = [rows, rec(16, "invariant")]
+    assert exact_of_records(mixed) == {"exact_block_size": [8, 16], "exact": True, "exact_impl": ["invariant", "rows"]}
 
 
 def test_exact_auto_is_on_for_greedy_runs_on_cuda():

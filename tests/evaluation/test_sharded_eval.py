@@ -74,16 +74,16 @@ def test_merge_dedups_orders_canonically_and_drops_torn_shard_lines(tmp_path):
     assert shard_file(tmp_path, 1).read_text().endswith("sample_")
     with pytest.warns(TornLineWarning):
         merged = merge_run_dir(tmp_path, order, arms)
-    keys = [(r["arm"], r["sample_id"]) for r in merged]
+    keys = [(r.arm, r.sample_id) for r in merged]
     assert keys == [("ar", "g/0"), ("spec@3", "g/0"), ("ar", "g/1"), ("spec@3", "g/1"), ("ar", "m/81/turn1"),
                     ("spec@3", "m/81/turn2")]
-    assert merged[0]["run_id"] == "dup"  # the last written wins a duplicate (records.dedupe)
+    assert merged[0].run_id == "dup"  # the last written wins a duplicate (records.dedupe)
     assert shard_file(tmp_path, 1).read_text().endswith("}\n")  # the torn line was cut
     on_disk = [json.loads(line) for line in (tmp_path / RECORDS).read_text().splitlines()]
-    assert on_disk == merged and not (tmp_path / (RECORDS + ".tmp")).exists()
+    assert on_disk == [r.to_json() for r in merged] and not (tmp_path / (RECORDS + ".tmp")).exists()
     # Samples or arms the current config does not know sort last instead of failing.
     extra = merge_records(merged + [_rec("oracle@3", "g/0"), _rec("ar", "zz/9")], order, arms)
-    assert [(r["arm"], r["sample_id"]) for r in extra] == keys[:2] + [("oracle@3", "g/0")] + keys[2:] + [("ar", "zz/9")]
+    assert [(r.arm, r.sample_id) for r in extra] == keys[:2] + [("oracle@3", "g/0")] + keys[2:] + [("ar", "zz/9")]
 
 
 def _launch_cmd(out: Path, *overrides: str) -> list[str]:

@@ -1,0 +1,205 @@
+"""Arms of an evaluation run, as plug-ins: what `speculative_generate` gets as its `draft` for each.
+
+Every module of this package declares one kind of arm, an `ArmKind`, with `register(...)`; the
+package imports them all (in file-name order; the registry orders them by `ArmKind.order`). The
+evaluation never names a kind: the runner (`build_arms`, `draft_for_arm`, which arms need the
+drafter, the AR tokens or a warm-up), the records (`Record.arm_kind` is one of `kind_names()`),
+the statistics (the order of arms, the baseline every arm is paired with), the post-run checks
+(`ArmKind.accept_check`), the cost model and the cross-run comparison (`ArmKind.compare_suffix`)
+read what the kind declares. A new arm is one module here plus its switch in `ArmsSpec`
+(`dflash2/evaluation/config.py`, the `flag` it declares) and, where a preset turns it on,
+`configs/eval/`. The kinds today:
+
+    ar                 draft=None (the AR baseline through the same engine loop)
+    dflash2@N=n        the checkpoint itself (selector walk for DFlash2, argmax for v1); kind "spec"
+    selector_off@N=n   the same checkpoint, per-slot argmax instead of the selector walk
+                       (the engine's v1 path on a v2 model): isolates the selector's effect
+    oracle@N=n         `OracleProposer` over the AR arm's tokens (controlled acceptance)
+
+Public: `ArmKind`, `Arm`, `DraftContext`, `register`, `registered`, `kind_of`, `kind_names`,
+`baseline`, `drafter_kinds`, `primary_kind`, `build_arms`, `draft_for_arm`, `SelectorOffProposer`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What an arm's `make_draft` may use: the loaded drafter (None without one), the target, the
+    resolved kernel implementation, the run's `ArmsSpec`, and, for kinds that declare
+    `needs_references`, per row the prompt + the AR arm's tokens and the sample's seed."""
+
+    draft: Any
+    target: Any
+    impl: str
+    arms_cfg: Any = None
+    references: Sequence[Sequence[int]] | None = None
+    seeds: Sequence[int] | None = None
+
+
+def _configured_ns(arms_cfg) -> list[int]:
+    return sorted(set(int(n) for n in arms_cfg.num_speculative_tokens))
+
+
+@dataclass(frozen=True)
+class ArmKind:
+    """One kind of arm: everything the evaluation needs to know of it.
+
+    Attributes:
+        name: the records' `arm_kind` ("ar", "spec", "selector_off", "oracle").
+        family: the label prefix: arms are labelled `f"{family}@N={n}"`, the baseline `family`
+            alone; `records.arm_family` maps a label back to it.
+        flag: the `ArmsSpec` switch (`arms.<flag>`) that turns it on.
+        order: its place among the arms in summaries, tables and plots (ascending).
+        make_draft: `(arm, DraftContext) -> draft` for `speculative_generate` (None = AR).
+        baseline: the AR reference: exactly one kind; always run, first, at N = 0; every other
+            arm is paired with it (speedup, identity, paired tests, the cost model's N = 0 cost).
+        uses_draft: runs the drafter checkpoint (the runner loads one; its records carry
+            `num_draft_layers`); skipped when the run has no drafter.
+        requires_selector: skipped for drafters without a selector (v1 checkpoints).
+        needs_references: `make_draft` reads the AR arm's tokens of each row (`DraftContext`);
+            such arms run after the AR arm of a chunk and get no warm-up.
+        accept_check: the `ChecksSpec` threshold on its mean accepted drafts per step:
+            "oracle" (`oracle_min_accepted`), "draft" (`draft_min_accepted`) or None.
+        compare_suffix: in a cross-run comparison (`compare.py`), None = left out; "" = the
+            drafter's own arm (the primary kind: sweeps, ratios between runs, solid lines);
+            else the text appended to the drafter's name for this ablation of the same weights
+            (ratios against the primary arm, dashed lines).
+        num_speculative_tokens: `ArmsSpec -> N values` (sorted, unique); default
+            `arms.num_speculative_tokens`.
+    """
+
+    name: str
+    family: str
+    flag: str
+    order: int
+    make_draft: Callable[[Arm, DraftContext], Any]
+    baseline: bool = False
+    uses_draft: bool = False
+    requires_selector: bool = False
+    needs_references: bool = False
+    accept_check: str | None = None
+    compare_suffix: str | None = None
+    num_speculative_tokens: Callable[[Any], list[int]] = _configured_ns
+
+    def __post_init__(self):
+        if self.accept_check not in (None, "oracle", "draft"):
+            raise ValueError(f"arm kind {self.name!r}: accept_check must be None, 'oracle' or 'draft'")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """`label` is unique ("ar", "dflash2@N=7", ...); `kind` is a registered `ArmKind.name`."""
+
+    label: str
+    kind: str
+    num_speculative_tokens: int
+
+    @property
+    def spec(self) -> ArmKind:
+        """Its registered `ArmKind`."""
+        return kind_of(self.kind)
+
+
+_REGISTRY: dict[str, ArmKind] = {}
+
+
+def register(kind: ArmKind) -> ArmKind:
+    """Add `kind` to the registry (each module of this package calls it once). Refuses a second
+    kind of the same name, family or flag, and a second baseline."""
+    for other in _REGISTRY.values():
+        same = [a for a in ("name", "family", "flag") if getattr(other, a) == getattr(kind, a)]
+        if same or (kind.baseline and other.baseline):
+            raise ValueError(f"arm kind {kind.name!r} clashes with {other.name!r} ({', '.join(same) or 'baseline'})")
+    _REGISTRY[kind.name] = kind
+    return kind
+
+
+def registered() -> tuple[ArmKind, ...]:
+    """Every registered kind, by `order`."""
+    return tuple(sorted(_REGISTRY.values(), key=lambda k: (k.order, k.name)))
+
+
+def kind_names() -> tuple[str, ...]:
+    """The valid `arm_kind`s of a record, by `order`."""
+    return tuple(k.name for k in registered())
+
+
+def kind_of(name: str) -> ArmKind:
+    """The registered kind `name`; ValueError naming the registered ones otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown arm kind {name!r}; registered: {kind_names()}") from None
+
+
+def baseline() -> ArmKind:
+    """The one baseline kind (the AR arm)."""
+    return next(k for k in registered() if k.baseline)
+
+
+def drafter_kinds() -> tuple[str, ...]:
+    """The kinds that run the drafter checkpoint, by `order`."""
+    return tuple(k.name for k in registered() if k.uses_draft)
+
+
+def primary_kind() -> str:
+    """The drafter's own arm in a cross-run comparison (`compare_suffix == ""`)."""
+    return next(k.name for k in registered() if k.compare_suffix == "")
+
+
+def enabled(arms_cfg, predicate: Callable[[ArmKind], bool] = lambda k: True) -> list[ArmKind]:
+    """The non-baseline kinds switched on in `arms_cfg` (by their `flag`) that satisfy `predicate`."""
+    return [k for k in registered() if not k.baseline and bool(getattr(arms_cfg, k.flag)) and predicate(k)]
+
+
+def build_arms(arms_cfg, *, has_draft: bool, draft_has_selector: bool) -> list[Arm]:
+    """The run's arms, the baseline (AR) first (the others are compared to it and may read it),
+    then each enabled kind in `order` at each of its N.
+
+    Args:
+        arms_cfg: `ArmsSpec`.
+        has_draft: a draft is available (kinds that `uses_draft` need one).
+        draft_has_selector: False for v1 checkpoints (kinds that `requires_selector` are skipped).
+    Returns:
+        list of `Arm`, labels unique.
+    """
+    base = baseline()
+    arms = [Arm(base.family, base.name, 0)]
+    for k in enabled(arms_cfg):
+        if (k.uses_draft and not has_draft) or (k.requires_selector and not draft_has_selector):
+            continue
+        arms += [Arm(f"{k.family}@N={n}", k.name, n) for n in k.num_speculative_tokens(arms_cfg)]
+    return arms
+
+
+def draft_for_arm(arm: Arm, *, draft, target, impl: str, arms_cfg=None,
+                  references: Sequence[Sequence[int]] | None = None, seeds: Sequence[int] | None = None):
+    """The `draft` argument of `speculative_generate` for `arm` (its kind's `make_draft`).
+
+    Args:
+        draft, target, impl: the loaded drafter (or None), the target, the resolved kernels.
+        arms_cfg: the run's `ArmsSpec` (kind options such as `oracle_accept_prob`).
+        references, seeds: kinds that `needs_references` only: per row, prompt + AR tokens and the
+            sample seed.
+    """
+    return arm.spec.make_draft(arm, DraftContext(draft, target, impl, arms_cfg, references, seeds))
+
+
+def _discover(names: Iterable[str]) -> None:
+    for name in names:
+        importlib.import_module(f"{__name__}.{name}")
+
+
+_discover(sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")))
+
+from dflash2.evaluation.arms.selector_off import SelectorOffProposer  # noqa: E402  (re-exported)
+
+__all__ = ["Arm", "ArmKind", "DraftContext", "SelectorOffProposer", "baseline", "build_arms", "draft_for_arm",
+           "drafter_kinds", "enabled", "kind_names", "kind_of", "primary_kind", "register", "registered"]
