@@ -1,4 +1,4 @@
-"""Out-of-sample validation of the cost model (`dflash2.evaluation.cost`, issue 7 item 5) on one GPU.
+"""Out-of-sample validation of the cost model (`dflash2.evaluation.analysis.cost`, issue 7 item 5) on one GPU.
 
     OUT=/tmp/out python -m benchmarks.cost_model                      # Qwen3-8B-shaped random target
     OUT=... python -m benchmarks.cost_model --gguf path/SmolLM2-135M-Instruct.Q4_1.gguf   # real model
@@ -6,7 +6,7 @@
 Protocol (greedy, batch 1 by default, `speculative_generate(timing=True)`; on CUDA the engine's
 CUDA-graph step by default, `--engine eager` for the eager loop):
 1. calibrate: prompts of 512 tokens; the AR baseline and the oracle proposer
-   (`dflash2/evaluation/oracle.py`: each slot proposes the AR token with probability p) at
+   (`dflash2/evaluation/arms/oracle_proposers.py`: each slot proposes the AR token with probability p) at
    N in {1, 3, 7, 15}; every decoding step is timed at its committed context (512..512+G);
    per N and 32-token context bin the median step time is one `StepCost`; fit `StepCostModel`;
    the acceptance profile is pooled over the calibration runs (`AcceptanceProfile.pooled`).
@@ -48,8 +48,8 @@ import torch
 
 from dflash2.engine import speculative_generate
 from dflash2.engine.compiled import COMPILE_LEVELS
-from dflash2.evaluation.cost import AcceptanceProfile, StepCost, StepCostModel, predict_speedup
-from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer
+from dflash2.evaluation.analysis.cost import AcceptanceProfile, StepCost, StepCostModel, predict_speedup
+from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer, OracleProposer
 from dflash2.target import TargetModel
 
 

@@ -156,7 +156,7 @@ def _oracle_step_ms(target, ids: torch.Tensor, n: int, new_tokens: int, warmup_s
     """Median synchronized step (ms) with `DeviceOracleProposer` at N = n, accepting nothing: the
     verify + commit part of a speculative step (its proposal is a few gathers)."""
     from dflash2.engine.generate import speculative_generate
-    from dflash2.evaluation.oracle import DeviceOracleProposer
+    from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
 
     oracle = DeviceOracleProposer([row.tolist() for row in ids], list(range(ids.shape[0])), MAX_N + 1, 0.0,
                                   int(target.vocab_size), ids.device)

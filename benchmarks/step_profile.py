@@ -43,7 +43,7 @@ from dflash2.engine import speculative_generate
 from benchmarks.engine import build_models
 from benchmarks.floors import copy_bandwidth_gbs, sync, weight_bytes
 from dflash2.engine.compiled import COMPILE_LEVELS, COMPILED_FLAG
-from dflash2.evaluation.oracle import DeviceOracleProposer
+from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
 
 FAMILIES = [  # first match wins (attention before GEMM: some attention kernels are CUTLASS)
     ("attention", re.compile(r"fmha|flash|attention|sdpa|cudnn|softmax|_row_attn_")),

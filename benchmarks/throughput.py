@@ -10,7 +10,7 @@
 - **Oracle mode** (`--shape`, random weights as in `benchmarks.engine`): `--context` random prompt
   tokens per row. Our AR greedy call gives each row's first reference (prompt + generated); for
   each N in `--n` and p in `--accept` the arm `speculative_generate(target, DeviceOracleProposer(...))`
-  proposes a reference, each slot right with probability p (`dflash2.evaluation.oracle`), with
+  proposes a reference, each slot right with probability p (`dflash2.evaluation.arms.oracle_proposers`), with
   the same engine kwargs as our AR. In bf16 a verify can flip a near-tie and leave our AR's text,
   after which that reference would propose only wrong drafts; so untimed passes replace the
   reference by the arm's own output until a call reproduces it (`own_path_references`; the notes
@@ -215,7 +215,7 @@ def oracle_plan(args, target, draft, hf_model, engine_kw: dict) -> list[tuple[di
     """Cells of oracle mode with their runners, in run order: per batch our AR (the references), the
     oracle arms, the draft probes with their projections, HF eager; then every HF compile cell."""
     from dflash2.engine.sampling import row_seed
-    from dflash2.evaluation.oracle import DeviceOracleProposer
+    from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
 
     dev, k, vocab = args.device, args.max_new_tokens, int(target.vocab_size)
     units = list(range(args.repeats))
@@ -289,7 +289,7 @@ def gsm8k_prompts(tok, limit: int, source: str):
     """`(prompts, fmt)`: the first `limit` GSM8K test questions as token ids, built as the eval
     runner builds them (`datasets.messages_for` + `runconfig.encode_chat`) under the default
     data config's prompt format."""
-    from dflash2.evaluation import datasets as ds
+    from dflash2.evaluation.running import datasets as ds
     from dflash2.runconfig import encode_chat, prompt_format
 
     fmt = prompt_format(tok)
@@ -320,7 +320,7 @@ def load_real(target_name: str, draft_path: str, device: torch.device, hf_copy: 
 def real_plan(args, target, tok, draft, hf_model, engine_kw: dict, meta: dict) -> list[tuple[dict, object]]:
     """Cells of real mode with their runners, in run order: per batch our AR, our DFlash2 at each
     N, HF eager; then every HF compile cell. Every arm runs the same chunks of the prompts."""
-    from dflash2.evaluation.runner import draft_training_format_hash
+    from dflash2.evaluation.running.runner import draft_training_format_hash
     from dflash2.runconfig import stop_token_ids
 
     dev, k = args.device, args.max_new_tokens
@@ -393,7 +393,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=64, help="real mode: the first LIMIT GSM8K test questions")
     p.add_argument("--data-source", choices=["auto", "hub", "local"], default="auto",
                    help="real mode: GSM8K from the hub or the copy shipped in dflash2/data "
-                        "(dflash2.evaluation.datasets)")
+                        "(dflash2.evaluation.running.datasets)")
     p.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--arms", default="hf_compile,ours", help="subset of hf_eager,hf_compile,ours (ours required)")

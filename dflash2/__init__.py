@@ -1,6 +1,6 @@
 """dflash2: distill DFlash2 speculative-decoding drafters and evaluate them losslessly.
 
-The public names load on first use, so `import dflash2.evaluation.records` (say, for
+The public names load on first use, so `import dflash2.evaluation.analysis.records` (say, for
 `eval/report.py --same-tokens`, a comparison of two JSONL files) does not import transformers
 and the model code first.
 """

@@ -62,7 +62,7 @@ def _run(cmd: list[str]) -> None:
 
 def _ci(block: dict, key: str) -> str:
     """`value [low, high]` of `key` in a summary block, with the report's formatting."""
-    from dflash2.evaluation.report import fmt_ci as value_with_ci
+    from dflash2.evaluation.analysis.report import fmt_ci as value_with_ci
 
     return value_with_ci(block.get(key), block.get(f"{key}_ci"), digits=3)
 
@@ -70,7 +70,7 @@ def _ci(block: dict, key: str) -> str:
 def headline(summary: dict, arm: str = "dflash2@N=7") -> tuple[list[str], bool]:
     """Terminal lines for the main job's result, and whether the drafter measurably learned
     (GSM8K pooled tau above 1 with a 95% CI that excludes 1)."""
-    from dflash2.evaluation.report import fmt_mcnemar_p
+    from dflash2.evaluation.analysis.report import fmt_mcnemar_p
 
     per_arm = summary["per_arm"][arm]
     gsm = per_arm["by_dataset"].get("gsm8k", {})

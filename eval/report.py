@@ -11,10 +11,10 @@ records off a GPU machine.
 
 `--compare RUN...` (`DIR` or `NAME=DIR`, one drafter per run) writes the cross-run tables and
 figures (tau per drafter with CIs, tau ratios, per-position acceptance, the N sweep, training
-curves) to `--out`: `dflash2.evaluation.compare` (docs/EXPERIMENTS.md, the ablation).
+curves) to `--out`: `dflash2.evaluation.analysis.compare` (docs/EXPERIMENTS.md, the ablation).
 
 `--same-tokens RUN_A RUN_B` checks that two runs generated the same tokens for every (arm,
-sample) (`dflash2.evaluation.sharding.compare_runs` on the `tokens` field): it prints the counts and
+sample) (`dflash2.evaluation.running.sharding.compare_runs` on the `tokens` field): it prints the counts and
 the first differing keys, writes nothing, and exits with status 1 when they differ.
 
 Keys of an existing summary.json that come from the run rather than the records (`checks`,
@@ -73,16 +73,16 @@ def main(argv: list[str] | None = None) -> dict:
     if args.run_dir is None:
         ap.error("pass a run directory, or --compare RUN... --out DIR")
 
-    from dflash2.evaluation.report import print_summary, write_report
-    from dflash2.evaluation.cost import add_to_summary
-    from dflash2.evaluation.records import read_run_records
-    from dflash2.evaluation.stats import summarize, to_jsonable
+    from dflash2.evaluation.analysis.report import print_summary, write_report
+    from dflash2.evaluation.analysis.cost import add_to_summary
+    from dflash2.evaluation.analysis.records import read_run_records
+    from dflash2.evaluation.analysis.stats import summarize, to_jsonable
 
     run_dir = args.run_dir
     records = read_run_records(run_dir)
     if args.rescore:
-        from dflash2.evaluation.records import RECORDS, rewrite_records
-        from dflash2.evaluation.rescore import rescore
+        from dflash2.evaluation.analysis.records import RECORDS, rewrite_records
+        from dflash2.evaluation.running.rescore import rescore
 
         records, changed = rescore(records)
         rewrite_records(run_dir / RECORDS, records)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     path = write_report(run_dir, records, summary, config=config, predictions=predictions)
     print_summary(summary)
     if args.wandb != "disabled":
-        from dflash2.evaluation.wandb_log import log_run
+        from dflash2.evaluation.analysis.wandb_log import log_run
         from dflash2.runconfig import LoggerSpec
 
         logger = LoggerSpec(mode=args.wandb, project=args.wandb_project, entity=args.wandb_entity)
@@ -118,8 +118,8 @@ def same_tokens(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     """`--same-tokens A B`: tokens equal per (arm, sample); exit status 1 when they are not."""
     if args.run_dir is not None or args.compare is not None:
         ap.error("--same-tokens takes exactly its two run directories (no positional run directory, no --compare)")
-    from dflash2.evaluation.records import RECORDS
-    from dflash2.evaluation.sharding import compare_runs
+    from dflash2.evaluation.analysis.records import RECORDS
+    from dflash2.evaluation.running.sharding import compare_runs
 
     for d in args.same_tokens:
         if not (d / RECORDS).is_file():
@@ -139,12 +139,12 @@ def same_tokens(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
 
 
 def compare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
-    """`--compare`: the cross-run comparison (dflash2.evaluation.compare); a bad input is one line."""
+    """`--compare`: the cross-run comparison (dflash2.evaluation.analysis.compare); a bad input is one line."""
     if args.run_dir is not None or args.out is None:
         ap.error("--compare takes its runs after it and needs --out DIR (no positional run directory)")
     if args.n_resamples < 1:
         ap.error(f"--n-resamples {args.n_resamples}: use >= 1")
-    from dflash2.evaluation.compare import compare_runs
+    from dflash2.evaluation.analysis.compare import compare_runs
 
     try:
         res = compare_runs(args.compare, args.out, sweeps=args.sweep, train=args.train, n=args.n,

@@ -22,7 +22,7 @@ Sharded (`accelerate launch --num_processes K`, K GPUs; on CPU `--multi_gpu` sta
 processes): item i goes to process i % K (both MT-Bench turns on one process), each process
 runs its own warmup and timed arms and appends to DIR/shards/records.rank<r>.jsonl; process 0
 merges them into the one DIR/records.jsonl and writes the one summary and report
-(`dflash2/evaluation/sharding.py`, docs/MULTI_GPU.md "Sharded evaluation"). Resume with any K.
+(`dflash2/evaluation/running/sharding.py`, docs/MULTI_GPU.md "Sharded evaluation"). Resume with any K.
 """
 
 import json
@@ -34,7 +34,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from dflash2.entrypoint import run_entry, user_errors
-from dflash2.evaluation.config import register_eval_schema
+from dflash2.evaluation.running.config import register_eval_schema
 
 register_eval_schema()
 log = logging.getLogger("eval")
@@ -43,7 +43,7 @@ log = logging.getLogger("eval")
 def checked(cfg):
     """The `EvalConfig` of `cfg` after every check (raises `ConfigError`); touches no file."""
     from dflash2.entrypoint import checked_object
-    from dflash2.evaluation.config import validate
+    from dflash2.evaluation.running.config import validate
     from dflash2.runconfig import check_shared_specs, existing_path
 
     def draft_exists(obj) -> None:
@@ -82,7 +82,7 @@ def eval_summary(out_dir: Path) -> str:
 @user_errors
 def main(cfg) -> None:
     from dflash2.entrypoint import is_main_process, resume_note, write_run_config
-    from dflash2.evaluation.run import run_eval
+    from dflash2.evaluation.running.run import run_eval
     from dflash2.runconfig import check_output_dir, prepare_output_dir
 
     obj = checked(cfg)

@@ -22,7 +22,7 @@ def test_the_records_layer_imports_no_model_code():
     import subprocess
     import sys
 
-    code = ("import sys, dflash2.evaluation.records, dflash2.evaluation.sharding; "
+    code = ("import sys, dflash2.evaluation.analysis.records, dflash2.evaluation.running.sharding; "
             "print(sorted(m for m in ('torch', 'transformers', 'dflash2.config', 'dflash2.modeling', "
             "'dflash2.engine') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

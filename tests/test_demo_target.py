@@ -30,7 +30,7 @@ def test_both_commands_run_on_the_chosen_target(tmp_path):
 
 
 DISTILL_SCHEMA, EVAL_SCHEMA = ("dflash2.training.config:register_distill_schema",
-                               "dflash2.evaluation.config:register_eval_schema")
+                               "dflash2.evaluation.running.config:register_eval_schema")
 
 
 @pytest.mark.parametrize("entry, schema, preset", [

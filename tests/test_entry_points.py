@@ -228,7 +228,7 @@ def test_a_failed_eval_check_writes_the_run_then_exits_in_one_line_with_status_3
 
 
 def test_failed_checks_line_names_each_failure_and_skips_what_passed():
-    from dflash2.evaluation.runner import failed_checks_line
+    from dflash2.evaluation.running.runner import failed_checks_line
 
     checks = {"oracle_mean_accepted_per_step": {"oracle@3": 0.5},
               "oracle_min_accepted": {"threshold": 1.0, "passed": False, "not_checked": [],

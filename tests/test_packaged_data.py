@@ -12,7 +12,7 @@ import pytest
 
 from dflash2 import data
 from dflash2.data import DataFileError, data_file, license_file, manifest, read_rows
-from dflash2.evaluation import datasets as ds
+from dflash2.evaluation.running import datasets as ds
 
 REPO = Path(__file__).resolve().parent.parent
 COUNTS = {"gsm8k/test": 1319, "gsm8k/train": 7473, "mt_bench/question": 80}

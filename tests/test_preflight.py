@@ -148,7 +148,7 @@ def test_a_run_that_failed_after_it_started_can_be_rerun_or_resumed(workdir, tmp
                                                                      capsys):
     """A failure in the warm-up (after the target loaded and .hydra/ was written) leaves no
     run.json: a corrected rerun uses the directory without resume=true and records its own config."""
-    from dflash2.evaluation.runner import EvalRunner
+    from dflash2.evaluation.running.runner import EvalRunner
 
     out = tmp_path / "run"
 

@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from dflash2.engine import speculative_generate
-from dflash2.evaluation.oracle import OracleProposer
+from dflash2.evaluation.arms.oracle_proposers import OracleProposer
 from dflash2.runconfig import DraftSpec, TargetSpec, new_draft, random_target_config
 from dflash2.target import TargetModel
 from tests.engine.helpers import GreedyOracle, hf_greedy, random_draft

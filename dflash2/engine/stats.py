@@ -19,8 +19,8 @@ not its recorded count (the same as the z-lab benchmark's acceptance lengths).
   from the unconditional `u_i` of `per_position_acceptance` (`u_0 = 1`).
 
 This module is the one implementation of these statistics: the engine's own output
-(`summarize`), the evaluation summaries (`dflash2.evaluation.stats`), the cost model
-(`dflash2.evaluation.cost`) and the cross-run comparison all call it.
+(`summarize`), the evaluation summaries (`dflash2.evaluation.analysis.stats`), the cost model
+(`dflash2.evaluation.analysis.cost`) and the cross-run comparison all call it.
 """
 
 from __future__ import annotations

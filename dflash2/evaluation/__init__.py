@@ -1,21 +1,11 @@
-"""Evaluation: datasets, scoring, sandboxed code execution, arms and sweeps, records,
-statistics, reports, W&B and lm-eval.
+"""Evaluation, in three rooms (each imports only the rooms listed after it):
 
-Submodules are imported on first use (`dflash2.evaluation.stats`, ...), so importing the
-package stays light: `eval/report.py` needs no torch model code, the sandbox needs no torch.
+- `running/`: one evaluation run: its config, datasets, the runner and its chunks, scoring and
+  the code sandbox, sharding over processes, end-to-end timing, lm-eval's model API, rescoring;
+- `analysis/`: what is computed from records afterwards: the `Record` type and its JSONL files,
+  statistics, the cost model, cross-run comparison, reports and W&B;
+- `arms/`: the arm kinds (a registry: one module per kind) and the proposers they run.
+
+Modules are imported on first use (`dflash2.evaluation.analysis.stats`, ...), so importing a
+room stays light: `eval/report.py` needs no torch model code, the sandbox needs no torch.
 """
-
-from __future__ import annotations
-
-import importlib
-
-_SUBMODULES = ("arms", "config", "cost", "datasets", "lm_eval", "oracle", "records", "report", "run", "runner",
-               "sandbox", "scoring", "sharding", "stats", "wandb_log")
-
-__all__ = list(_SUBMODULES)
-
-
-def __getattr__(name: str):
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,7 @@ from dflash2.engine import speculative_generate
 from dflash2.engine import state as engine_state
 from dflash2.engine.inputs import GenerateInputError
 from dflash2.engine.verify import ADAPTIVE_GROW, ADAPTIVE_SHRINK, next_lengths, verify_within
-from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer
+from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer, OracleProposer
 from dflash2.kernels.verify import verify_block
 from tests.engine.helpers import SamplingOracle, qwen3_target
 from tests.engine.test_graph_step import fake_graphs  # noqa: F401 (fixture)

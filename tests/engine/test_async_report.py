@@ -22,7 +22,7 @@ from dflash2.engine import generate as engine_generate
 from dflash2.engine import inputs as engine_inputs
 from dflash2.engine import reports as engine_reports
 from dflash2.engine import state as engine_state
-from dflash2.evaluation.oracle import DeviceOracleProposer
+from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
 from tests.engine.helpers import fp32_target_draft_prompts
 from tests.engine.test_graph_step import ReplayByRunning
 

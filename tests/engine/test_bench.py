@@ -175,7 +175,7 @@ def test_wall_clock_step_and_the_oracle_split_of_a_graph_step(monkeypatch):
     from dflash2.engine import generate
     from dflash2.engine.generate import SpeculativeOutput
     from dflash2.engine.stats import StepTimes
-    from dflash2.evaluation.oracle import DeviceOracleProposer
+    from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
 
     seen, now = [], [0.0]
     monkeypatch.setattr(wallclock, "wall_clock", lambda: now[0])

@@ -19,7 +19,7 @@ from dflash2.engine import speculative_generate
 from dflash2.engine import cache as cache_mod
 from dflash2.engine.inputs import GenerateInputError, check_generate_inputs
 from dflash2.engine.settings import EXACT_SPLIT_KEYS
-from dflash2.evaluation.oracle import OracleProposer
+from dflash2.evaluation.arms.oracle_proposers import OracleProposer
 from dflash2.target import TargetModel
 from tests.engine.helpers import tiny_qwen3
 from tests.engine.test_graph_step import fake_graphs  # noqa: F401 (fixture)
@@ -117,7 +117,7 @@ def test_speculative_equals_ar_and_rows_equal_alone(target):
 
 
 def test_the_graph_path_equals_the_eager_loop(target, fake_graphs):  # noqa: F811
-    from dflash2.evaluation.oracle import DeviceOracleProposer
+    from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
 
     eager = _run(target, None, PROMPTS, graphs=False)
     refs = [s.tolist() for s in eager.sequences]

@@ -15,7 +15,7 @@ import torch
 
 from dflash2.engine import speculative_generate
 from dflash2.engine.inputs import GenerateInputError
-from dflash2.evaluation.oracle import OracleProposer
+from dflash2.evaluation.arms.oracle_proposers import OracleProposer
 from tests.engine.helpers import prompts, qwen3_target, random_draft
 
 BLOCK = 10

@@ -19,7 +19,7 @@ from dflash2 import speculative_generate
 from dflash2.engine import generate as engine_generate
 from dflash2.engine import inputs as engine_inputs
 from dflash2.engine.inputs import GenerateInputError
-from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer
+from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer, OracleProposer
 from tests.engine.helpers import fp32_target_draft_prompts
 
 VOCAB = 300

@@ -264,7 +264,7 @@ def test_a_missing_asset_is_one_error_line_and_writes_nothing(monkeypatch, tmp_p
 
 def test_a_failing_arm_is_recorded_and_the_others_run(monkeypatch, tmp_path):
     """An oracle arm that raises gets an error row, and so do its projections; every other arm runs."""
-    from dflash2.evaluation import oracle
+    from dflash2.evaluation.arms import oracle_proposers as oracle
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")

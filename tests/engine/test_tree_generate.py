@@ -8,7 +8,7 @@ import torch
 
 from dflash2.engine import speculative_generate
 from dflash2.engine.inputs import GenerateInputError
-from dflash2.evaluation.oracle import OracleProposer
+from dflash2.evaluation.arms.oracle_proposers import OracleProposer
 from tests.engine.helpers import fp32_target_draft_prompts, qwen3_target
 
 BLOCK, MAX_NEW, VOCAB = 8, 20, 300

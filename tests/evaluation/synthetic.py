@@ -1,4 +1,4 @@
-"""Synthetic evaluation records (`dflash2.evaluation.records.Record` dicts) for the stats / report / W&B tests.
+"""Synthetic evaluation records (`dflash2.evaluation.analysis.records.Record` dicts) for the stats / report / W&B tests.
 
 A deterministic toy run: an AR arm and speculative arms at several N over GSM8K-, HumanEval-
 and MT-Bench-like samples. Acceptance per slot is Bernoulli(alpha) until the first miss, so
@@ -75,7 +75,7 @@ def synthetic_records(n_per_dataset: int = 12, ns=(3, 7), alpha: float = 0.7, te
 
 
 def record(arm: str, sample_id: str, **fields) -> dict:
-    """A minimal valid record (`dflash2.evaluation.records.Record`) of an AR-like generation:
+    """A minimal valid record (`dflash2.evaluation.analysis.records.Record`) of an AR-like generation:
     kind "ar", N = 0, T = 0, two tokens in one step; `fields` override or add any field."""
     base = {"arm": arm, "arm_kind": "ar", "num_speculative_tokens": 0, "temperature": 0.0, "dataset": "gsm8k",
             "sample_id": sample_id, "tokens": [1, 2], "steps": 1, "accepted": [0], "finish_reason": "length",

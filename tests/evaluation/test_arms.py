@@ -10,8 +10,8 @@ import pytest
 
 from dflash2.evaluation import arms as registry
 from dflash2.evaluation.arms import ArmKind, build_arms, draft_for_arm, kind_names
-from dflash2.evaluation.config import ArmsSpec
-from dflash2.evaluation.records import Record
+from dflash2.evaluation.running.config import ArmsSpec
+from dflash2.evaluation.analysis.records import Record
 from tests.evaluation.synthetic import synthetic_records
 
 
@@ -52,9 +52,9 @@ def _as_echo(recs: list[dict]) -> list[dict]:
 
 
 def test_a_new_kind_is_one_registration(echo_kind):
-    from dflash2.evaluation import stats
-    from dflash2.evaluation.cost import for_report
-    from dflash2.evaluation.runner import run_checks
+    from dflash2.evaluation.analysis import stats
+    from dflash2.evaluation.analysis.cost import for_report
+    from dflash2.evaluation.running.runner import run_checks
 
     cfg = SimpleNamespace(ar=True, dflash2=True, selector_off=False, oracle=False, echo=True,
                           num_speculative_tokens=[2], oracle_num_speculative_tokens=None)

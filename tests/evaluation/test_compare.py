@@ -1,4 +1,4 @@
-"""dflash2.evaluation.compare (eval/report.py --compare) on synthetic runs laid out as the ablation
+"""dflash2.evaluation.analysis.compare (eval/report.py --compare) on synthetic runs laid out as the ablation
 presets write them: ROOT/train/<arm>/{metrics.jsonl,final/} and ROOT/eval/<arm>_T<t>/records.jsonl."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dflash2.evaluation import compare
-from dflash2.evaluation.stats import summarize
+from dflash2.evaluation.analysis import compare
+from dflash2.evaluation.analysis.stats import summarize
 from tests.evaluation.synthetic import synthetic_records
 
 ALPHA = {"v1": 0.5, "conv_only": 0.65, "dflash2": 0.75}  # given in this order: tables must reorder

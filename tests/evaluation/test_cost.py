@@ -1,4 +1,4 @@
-"""Cost model (`dflash2.evaluation.cost`): exact fits, acceptance algebra against Monte Carlo,
+"""Cost model (`dflash2.evaluation.analysis.cost`): exact fits, acceptance algebra against Monte Carlo,
 calibration from evaluation records (in- and out-of-sample), best-N choice, bad inputs."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from dflash2.evaluation import cost
-from dflash2.evaluation.cost import AcceptanceProfile, StepCost, StepCostModel
+from dflash2.evaluation.analysis import cost
+from dflash2.evaluation.analysis.cost import AcceptanceProfile, StepCost, StepCostModel
 from dflash2.engine.stats import per_position_acceptance
-from dflash2.evaluation.records import Record
+from dflash2.evaluation.analysis.records import Record
 from tests.evaluation.synthetic import record, synthetic_records
 
 TRUE = {1: dict(overhead=2e-3, draft=3e-4, per_token=4e-5, kv=1e-7, attention=2e-9),

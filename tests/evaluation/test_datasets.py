@@ -2,7 +2,7 @@
 
 import pytest
 
-from dflash2.evaluation import datasets as ds
+from dflash2.evaluation.running import datasets as ds
 
 
 @pytest.mark.parametrize("name, size", [("gsm8k", 1319), ("humaneval", 164), ("mt_bench", 80)])

@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from dflash2.evaluation.config import register_eval_schema, run_identity, validate
+from dflash2.evaluation.running.config import register_eval_schema, run_identity, validate
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "eval"
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
@@ -99,8 +99,8 @@ def test_run_identity_ignores_output_and_logger_but_not_format():
 
 
 def test_per_dataset_limits_override_the_common_limit():
-    from dflash2.evaluation import datasets as ds
-    from dflash2.evaluation.runner import dataset_limit
+    from dflash2.evaluation.running import datasets as ds
+    from dflash2.evaluation.running.runner import dataset_limit
 
     cfg = _compose(["experiment=tiny_cpu", "data.gsm8k_limit=5", "data.mt_bench_limit=1"])
     validate(cfg)

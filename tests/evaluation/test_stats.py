@@ -10,7 +10,7 @@ import pytest
 from scipy import stats as sps
 
 from dflash2.engine.stats import accepted_length_histogram, per_position_acceptance, tau_per_request_mean, tau_pooled
-from dflash2.evaluation.stats import (
+from dflash2.evaluation.analysis.stats import (
     bootstrap_ci,
     mcnemar_exact,
     mcnemar_mde,
@@ -283,7 +283,7 @@ def test_summary_several_temperatures_pair_with_their_own_ar():
 
 
 def test_the_sample_size_floors_are_where_the_tests_can_first_speak():
-    from dflash2.evaluation.stats import mcnemar_min_discordant, tost_min_pairs
+    from dflash2.evaluation.analysis.stats import mcnemar_min_discordant, tost_min_pairs
 
     d = mcnemar_min_discordant()
     assert d == 6 and mcnemar_exact(d, 0) <= 0.05 < mcnemar_exact(d - 1, 0)   # the most lopsided split
@@ -297,7 +297,7 @@ def test_the_sample_size_floors_are_where_the_tests_can_first_speak():
 
 
 def test_reports_print_n_too_small_below_the_floors(flipped):
-    from dflash2.evaluation.report import COLUMNS, fmt_mcnemar_p, summary_rows
+    from dflash2.evaluation.analysis.report import COLUMNS, fmt_mcnemar_p, summary_rows
 
     _, s = flipped
     o = s["per_arm"]["dflash2@N=7"]["overall"]

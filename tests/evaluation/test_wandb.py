@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from dflash2.evaluation.stats import summarize
-from dflash2.evaluation.wandb_log import build_report, flat_metrics, log_run, read_offline_run
+from dflash2.evaluation.analysis.stats import summarize
+from dflash2.evaluation.analysis.wandb_log import build_report, flat_metrics, log_run, read_offline_run
 from dflash2.runconfig import LoggerSpec
 from tests.evaluation.synthetic import synthetic_records
 

@@ -21,7 +21,7 @@ import torch
 
 from dflash2 import speculative_generate
 from dflash2.engine.graphs import sync_check
-from dflash2.evaluation.oracle import DeviceOracleProposer
+from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
 from tests.gpu.helpers import small_cuda_models
 
 pytestmark = pytest.mark.gpu

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from dflash2.engine import speculative_generate
-from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer
+from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer, OracleProposer
 from tests.gpu.helpers import departures, mean_accepted, write_results
 
 pytestmark = pytest.mark.gpu

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from dflash2.engine import speculative_generate
-from dflash2.evaluation.oracle import OracleProposer
+from dflash2.evaluation.arms.oracle_proposers import OracleProposer
 from tests.gpu.helpers import departures, mean_accepted, write_results
 
 pytestmark = pytest.mark.gpu
@@ -126,7 +126,7 @@ def test_graph_replayed_speculative_equals_exact_ar(target, prompts, ar_runs, ex
     (the device oracle): batch 8 at N = 7 and 15, every row equal to the exact AR output."""
     if exact_impl == "rows":
         pytest.skip("exact_impl='rows' runs eagerly")
-    from dflash2.evaluation.oracle import DeviceOracleProposer
+    from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
 
     refs = [r.tolist() for r in ar_runs[1].sequences]
     for n_spec in (7, 15):

@@ -28,7 +28,7 @@ import torch
 from dflash2 import speculative_generate
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, sync_check
 from dflash2.engine.state import release_decode_state
-from dflash2.evaluation.oracle import DeviceOracleProposer
+from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
 from tests.gpu.helpers import small_cuda_models, write_results
 
 pytestmark = pytest.mark.gpu

@@ -7,7 +7,7 @@ drafter, the AR tokens or a warm-up), the records (`Record.arm_kind` is one of `
 the statistics (the order of arms, the baseline every arm is paired with), the post-run checks
 (`ArmKind.accept_check`), the cost model and the cross-run comparison (`ArmKind.compare_suffix`)
 read what the kind declares. A new arm is one module here plus its switch in `ArmsSpec`
-(`dflash2/evaluation/config.py`, the `flag` it declares) and, where a preset turns it on,
+(`dflash2/evaluation/running/config.py`, the `flag` it declares) and, where a preset turns it on,
 `configs/eval/`. The kinds today:
 
     ar                 draft=None (the AR baseline through the same engine loop)

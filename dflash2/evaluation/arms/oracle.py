@@ -15,7 +15,7 @@ def make_draft(arm: Arm, ctx: DraftContext):
     """An `OracleProposer` over `ctx.references` (prompt + AR tokens per row) and `ctx.seeds`; on
     CUDA its device twin (same law, coins keyed on the device), which runs inside the engine's CUDA
     graphs like the other arms, so the oracle's speedup compares graph with graph."""
-    from dflash2.evaluation.oracle import DeviceOracleProposer, OracleProposer
+    from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer, OracleProposer
 
     if ctx.references is None or ctx.seeds is None:
         raise ValueError(f"arm {arm.label} needs the AR arm's tokens for its samples")

@@ -44,10 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash2.evaluation import stats
+from dflash2.evaluation.analysis import stats
 from dflash2.evaluation.arms import drafter_kinds, kind_of, primary_kind
-from dflash2.evaluation.records import Record, as_records, read_run_records
-from dflash2.evaluation.report import fmt_mcnemar_p
+from dflash2.evaluation.analysis.records import Record, as_records, read_run_records
+from dflash2.evaluation.analysis.report import fmt_mcnemar_p
 from dflash2.jsonl import read_jsonl, to_jsonable
 
 TRAIN_KEYS = ("loss", "loss_unary", "loss_selector", "tau_proxy", "path_tau")
@@ -563,7 +563,7 @@ def compare_runs(runs: Sequence[str | Path], out_dir: str | Path, *, sweeps: Seq
     figs = _figures(arms, ratios, positions, sweep, {k: v for k, v in metrics.items() if v}, colours, n,
                     out / "figures")
     rel = lambda p: Path(os.path.relpath(p, out)).as_posix()  # noqa: E731
-    md = ["<!-- written by dflash2.evaluation.compare (python eval/report.py --compare) -->",
+    md = ["<!-- written by dflash2.evaluation.analysis.compare (python eval/report.py --compare) -->",
           "# Comparison of drafters", "",
           "Runs: " + ", ".join(f"`{r.label}` T={r.temperature:g} (`{r.path}`)" for r in compared) + ".", "",
           f"tau includes the bonus token: pooled = sum(accepted + 1) / steps, per request = mean of each sample's "

@@ -48,9 +48,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from dflash2.engine.stats import tau_pooled
-from dflash2.evaluation.acceptance import AcceptanceProfile, expected_tokens_per_step
+from dflash2.evaluation.analysis.acceptance import AcceptanceProfile, expected_tokens_per_step
 from dflash2.evaluation.arms import baseline
-from dflash2.evaluation.records import Record, arm_family, as_records, dedupe
+from dflash2.evaluation.analysis.records import Record, arm_family, as_records, dedupe
 from dflash2.jsonl import to_jsonable
 
 TERMS = ("overhead", "draft", "per_token", "kv", "attention")
@@ -357,7 +357,7 @@ def from_records(records: list[Record | dict], *, calibrate_arms: Iterable[str] 
     the highest predicted end-to-end speedup over the AR arm's generations (`N_end_to_end`).
 
     Args:
-        records: evaluation records (`dflash2.evaluation.records.Record`s or their dicts; one per
+        records: evaluation records (`dflash2.evaluation.analysis.records.Record`s or their dicts; one per
             (arm, T, sample) is kept by `records.dedupe`); `batch_size` and `prompt_tokens` are
             used when present.
         calibrate_arms: arm labels to calibrate on (default: all). Must include the AR arm.

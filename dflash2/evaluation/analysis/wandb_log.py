@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash2.engine.stats import tau_pooled
-from dflash2.evaluation.records import FIELDS, Record, as_records
+from dflash2.evaluation.analysis.records import FIELDS, Record, as_records
 from dflash2.runconfig import LoggerSpec
 
 MODES = ("disabled", "offline", "online")
@@ -166,7 +166,7 @@ def log_run(summary: dict, records: list[Record | dict], logger: LoggerSpec, con
     import wandb
     from PIL import Image
 
-    from dflash2.evaluation.report import COLUMNS, figure_png, make_figures, summary_rows
+    from dflash2.evaluation.analysis.report import COLUMNS, figure_png, make_figures, summary_rows
 
     wdir = os.environ.get("WANDB_DIR") or str(Path(out_dir))
     Path(wdir).mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from dflash2.evaluation.records import Record, as_records
+from dflash2.evaluation.analysis.records import Record, as_records
 
 
 def rescore(records: Iterable[Record | dict], *, source: str = "local", limits=None) -> tuple[list[Record], int]:
@@ -21,14 +21,14 @@ def rescore(records: Iterable[Record | dict], *, source: str = "local", limits=N
     Args:
         records: `Record`s (or their dicts) of `records.jsonl` (GSM8K and HumanEval ones are rescored;
             others kept).
-        source: where the items come from (`dflash2.evaluation.datasets`).
+        source: where the items come from (`dflash2.evaluation.running.datasets`).
         limits: `SandboxLimits` for HumanEval (defaults when None).
     Raises:
         SandboxHarnessError: the sandbox cannot run here (nothing is changed).
     """
-    from dflash2.evaluation import datasets as ds
-    from dflash2.evaluation.sandbox import check_humaneval
-    from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion
+    from dflash2.evaluation.running import datasets as ds
+    from dflash2.evaluation.running.sandbox import check_humaneval
+    from dflash2.evaluation.running.scoring import gsm8k_correct, humaneval_completion
 
     records = as_records(records)
     items = {}

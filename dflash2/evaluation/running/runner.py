@@ -4,7 +4,7 @@
         AR arm first, then the other arms in an order rotated per chunk
         each arm: speculative_generate(...) -> one record per sample, appended and flushed
 
-Records are `dflash2.evaluation.records.Record`s, built here once per (arm, sample) with every
+Records are `dflash2.evaluation.analysis.records.Record`s, built here once per (arm, sample) with every
 field known (their fields are documented there) and appended as they come; statistics
 and reports are computed afterwards from the records alone (`stats.summarize`,
 `report.write_report`). Each sample's seed is a hash of (seed, sample_id), so batching,
@@ -35,14 +35,14 @@ import torch
 from tqdm.auto import tqdm
 
 from dflash2.engine.stats import tau_pooled
-from dflash2.evaluation import datasets as ds
+from dflash2.evaluation.running import datasets as ds
 from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm, enabled, kind_of, registered
-from dflash2.evaluation.config import changed_keys, run_identity, to_container, validate
-from dflash2.evaluation.records import RECORDS, Record, append_records, as_records, exact_of_records
-from dflash2.evaluation.sandbox import SandboxLimits, check_humaneval
-from dflash2.evaluation.scoring import gsm8k_correct, humaneval_completion, load_judge
-from dflash2.evaluation.sharding import SHARDS_DIR, Shard, existing_records, shard_file, shard_of
-from dflash2.evaluation.timing import ArmTiming, summarize_end_to_end
+from dflash2.evaluation.running.config import changed_keys, run_identity, to_container, validate
+from dflash2.evaluation.analysis.records import RECORDS, Record, append_records, as_records, exact_of_records
+from dflash2.evaluation.running.sandbox import SandboxLimits, check_humaneval
+from dflash2.evaluation.running.scoring import gsm8k_correct, humaneval_completion, load_judge
+from dflash2.evaluation.running.sharding import SHARDS_DIR, Shard, existing_records, shard_file, shard_of
+from dflash2.evaluation.running.timing import ArmTiming, summarize_end_to_end
 
 log = logging.getLogger(__name__)
 
@@ -535,7 +535,7 @@ def run_checks(records: list[Record | dict], checks, exact: bool = False) -> dic
 
 def finish(cfg, out_dir: Path, records: list[Record | dict], runner: EvalRunner | None = None) -> dict:
     """Summary, report, terminal table, W&B; then fail loudly if a check failed."""
-    from dflash2.evaluation import report, stats
+    from dflash2.evaluation.analysis import report, stats
 
     records = as_records(records)
     summary = stats.summarize(records, n_resamples=cfg.stats.n_resamples, seed=cfg.stats.seed,
@@ -546,7 +546,7 @@ def finish(cfg, out_dir: Path, records: list[Record | dict], runner: EvalRunner 
     if runner is not None:
         summary["run_id"], summary["prompt_format"] = runner.run_id, runner.fmt.to_dict()
         summary["end_to_end"] = runner.end_to_end()  # this process's timed chunks (rank 0's when sharded)
-    from dflash2.evaluation.cost import add_to_summary
+    from dflash2.evaluation.analysis.cost import add_to_summary
 
     predictions = add_to_summary(summary, records)  # summary["cost_model"] (in-sample) + a note
     (out_dir / SUMMARY).write_text(json.dumps(stats.to_jsonable(summary), indent=2, default=str))  # NaN as null
@@ -554,9 +554,9 @@ def finish(cfg, out_dir: Path, records: list[Record | dict], runner: EvalRunner 
     report.write_report(out_dir, records, summary, config=config, predictions=predictions)
     report.print_summary(summary)
     try:
-        from dflash2.evaluation import wandb_log
+        from dflash2.evaluation.analysis import wandb_log
     except ImportError:
-        log.warning("dflash2.evaluation.wandb_log is not available; skipping W&B")
+        log.warning("dflash2.evaluation.analysis.wandb_log is not available; skipping W&B")
     else:
         wandb_dir = wandb_log.log_run(summary, records, cfg.logger, config, out_dir, predictions=predictions)
         if wandb_dir:

@@ -6,12 +6,12 @@ output equals the target's AR output), honouring each request's `until` strings 
 (the draft never changes a probability). Command line (lm-eval's own CLI, with `dflash2`
 registered first, since lm-eval 0.4 discovers no plug-in models by itself):
 
-    python -m dflash2.evaluation.lm_eval --model dflash2 \\
+    python -m dflash2.evaluation.running.lm_eval --model dflash2 \\
         --model_args target=qwen3-8b,draft=/ckpt/dflash2-5l,num_speculative_tokens=7 \\
         --tasks gsm8k --batch_size 8
 
 Python: `lm_eval.simple_evaluate(model="dflash2", model_args="target=...,draft=...")` after
-`import dflash2.evaluation.lm_eval` (or pass a `DFlash2LM` instance as `model=`).
+`import dflash2.evaluation.running.lm_eval` (or pass a `DFlash2LM` instance as `model=`).
 
 Model args: `target` = a preset in `configs/target/` (e.g. `qwen3-8b`, `smollm2-135m`), a hub
 id / local directory, or a `.gguf` file; `draft` = a checkpoint directory, or `none` for the
@@ -239,7 +239,7 @@ class DFlash2LM(TemplateLM):
 
 def register() -> None:
     """Register `DFlash2LM` as lm-eval model `dflash2` (idempotent: `python -m` runs this file as
-    `__main__`, and a later `import dflash2.evaluation.lm_eval` must not collide with it)."""
+    `__main__`, and a later `import dflash2.evaluation.running.lm_eval` must not collide with it)."""
     import lm_eval.models  # noqa: F401  (lm-eval fills its built-in models only into an empty registry)
     from lm_eval.api.registry import model_registry
 

@@ -135,10 +135,11 @@ class Record:
         unknown = sorted(set(row) - set(FIELDS))
         if unknown:
             raise ValueError(f"{where} has unknown fields {unknown}; the record's fields are defined by "
-                             "dflash2.evaluation.records.Record")
+                             "dflash2.evaluation.analysis.records.Record")
         missing = [k for k in REQUIRED if k not in row]
         if missing:
-            raise ValueError(f"{where} lacks the required fields {missing} (dflash2.evaluation.records.Record)")
+            raise ValueError(f"{where} lacks the required fields {missing} "
+                             "(dflash2.evaluation.analysis.records.Record)")
         return cls(**row)
 
     def to_json(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash2.evaluation.records import RECORDS, Record, as_records, dedupe, read_records, rewrite_records
+from dflash2.evaluation.analysis.records import RECORDS, Record, as_records, dedupe, read_records, rewrite_records
 
 if TYPE_CHECKING:  # torch loads in init_shard: comparing and merging record files needs none of it
     import torch

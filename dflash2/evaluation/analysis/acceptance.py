@@ -3,7 +3,7 @@
 `E[tokens/step](N) = 1 + sum_{k=1..N} prod_{i<=k} a_i` (tau including the bonus token). The
 eval summaries report the unconditional `u_i = P(at least i drafts accepted)`; `u_i = a_1 * ... *
 a_i` (`dflash2.engine.stats.conditional_acceptance`). Used by the cost model
-(`dflash2.evaluation.cost`)."""
+(`dflash2.evaluation.analysis.cost`)."""
 
 from __future__ import annotations
 

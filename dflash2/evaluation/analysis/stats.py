@@ -1,7 +1,7 @@
 """Statistics over evaluation records (`DIR/records.jsonl`) -> `DIR/summary.json`.
 
 Everything is computed afterwards from the per-(arm, sample) records (log-first eval; their
-fields: `dflash2.evaluation.records.Record`; one per (arm, T, sample): `records.dedupe`). The
+fields: `dflash2.evaluation.analysis.records.Record`; one per (arm, T, sample): `records.dedupe`). The
 point values of tau, per-position acceptance and the histogram come from
 `dflash2.engine.stats` (the one implementation); this module adds their CIs and the paired
 tests. The conventions, also written into every summary under `"conventions"`:
@@ -44,7 +44,7 @@ from dflash2 import jsonl
 from dflash2.engine.stats import (accepted_length_histogram, per_position_acceptance, produced_and_steps,
                                   tau_per_request_mean, tau_pooled)
 from dflash2.evaluation.arms import kind_of
-from dflash2.evaluation.records import Record, arm_family, as_records, dedupe
+from dflash2.evaluation.analysis.records import Record, arm_family, as_records, dedupe
 
 CONFIDENCE = 0.95
 ALPHA = 1 - CONFIDENCE   # the level of the paired tests

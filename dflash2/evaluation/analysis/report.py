@@ -1,8 +1,8 @@
-"""Reports from a summary (`dflash2.evaluation.stats.summarize`) and its records.
+"""Reports from a summary (`dflash2.evaluation.analysis.stats.summarize`) and its records.
 
 - `print_summary(summary)`: the terminal table (one row per arm, then per dataset), then one
   line per arm with its end-to-end ms per token when the summary has the runner's `end_to_end`
-  (`dflash2.evaluation.timing`; the report shows it as a table).
+  (`dflash2.evaluation.running.timing`; the report shows it as a table).
 - `write_report(out_dir, records, summary, config=None, predictions=None)`: `DIR/report.html`
   (self-contained: PNG plots embedded as base64) and `DIR/report.md` (the same tables; its
   plots are written to `DIR/plots/*.png` and linked, since Markdown viewers rarely show
@@ -39,7 +39,7 @@ from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from dflash2.evaluation.stats import arm_family  # noqa: E402
+from dflash2.evaluation.analysis.stats import arm_family  # noqa: E402
 
 # ------------------------------------------------------------------------------ formatting
 
