@@ -197,7 +197,10 @@ def _discover(names: Iterable[str]) -> None:
         importlib.import_module(f"{__name__}.{name}")
 
 
-_discover(sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")))
+# Modules of this folder that are not kinds: the oracle's proposers (torch), loaded by its kind on use.
+_NOT_KINDS = frozenset({"oracle_proposers"})
+_discover(sorted(m.name for m in pkgutil.iter_modules(__path__)
+                 if not m.name.startswith("_") and m.name not in _NOT_KINDS))
 
 from dflash2.evaluation.arms.selector_off import SelectorOffProposer  # noqa: E402  (re-exported)
 
