@@ -1,4 +1,4 @@
-"""Token trees for tree verify (issue 43 item 2): the expansion rule and greedy tree acceptance.
+"""Token trees for tree verify (issue 43 item 2): the expansion rule and the acceptance.
 
 The drafter proposes, for each of the N slots of a block, top-k candidates `C_j` with unary
 scores `U_j`; the candidate selector scores an edge from a predecessor token p to candidate c of
@@ -26,20 +26,31 @@ Expansion rule (`expand_tree`), per request, with budget B nodes (the root inclu
    remaining nodes are padding: `valid = False`, `parent = -1`, `depth = 0`, token = anchor.
 
 So for B >= N + 1 the chain (the selector's greedy walk) is always in the tree, as nodes 0..N
-with node index = depth: a greedy tree verify accepts at least what the chain verify accepts,
+with node index = depth: at T = 0 a tree verify accepts at least what the chain verify accepts,
 and an accepted path that stays on the chain needs no K/V move. The chain is the greedy walk over
 the same edge scores (`tree_edge_scores`, the walk's own `transition_scores`), or, when given,
 the walk's realized candidate indices (`chain=`), so a tree built from a proposal always holds
 the tokens the proposer actually drafted.
 
-Greedy acceptance (`accept_greedy`): a non-root node is accepted iff its parent is accepted and
-its token equals the target's argmax at its parent (the token the target predicts after the
-parent's path); the accepted path is the deepest accepted node's root path (ties -> lowest node
-index), and the bonus token is the target's argmax at that node. On a chain-shaped tree this is
-`verify_block` at T = 0 (tests/engine/test_tree.py).
+Acceptance (`accept_matching`), greedy and sampled alike: the target gives one token per node,
+`t(i)` = the token it emits after node i's root path: its argmax at T = 0; at T > 0 its draw
+from the filtered law at node i's logits row, keyed by the row's seed and the position after
+node i (`start + 1 + depth`), the very draw the AR loop makes at that position
+(`dflash2.kernels.verify.verify_block` with no drafted token). A non-root node is accepted iff
+its parent is accepted and its token equals `t(parent)`; the accepted path is the deepest
+accepted node's root path (ties -> lowest node index), and the bonus token is `t` at that node.
+Siblings hold distinct tokens, so the accepted nodes form one path, and every committed token is
+the target's own token at its position given the committed prefix: the output follows the
+target's law (it is, draw for draw, the AR loop's output for the same target logits), whatever
+the tree holds. The tree only decides how many of those tokens one forward confirms. At T = 0
+on a chain-shaped tree this is `verify_block` (tests/engine/test_tree.py). At T > 0 a node
+whose token has target probability p is accepted with probability p, below speculative
+sampling's `min(1, p / q)` for a chain: a tree pays for its extra nodes that way, which the
+evaluation's per-depth acceptance shows.
 
-All functions are device ops with fixed shapes and no host syncs (loops run over B or N, Python
-ints), so they can be captured in a CUDA graph.
+All functions are device ops with fixed shapes and no host syncs (the expansion loops over B
+inside one kernel with `impl="triton"`; the torch reference loops over B in Python ints), so
+they can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash2.kernels.selector import transition_scores
+from dflash2.kernels.tree_expand import expand_nodes
 
 
 @dataclass
@@ -120,13 +132,8 @@ def greedy_chain(edges: torch.Tensor) -> torch.Tensor:
     return torch.stack(picks, 1) if picks else torch.zeros(bsz, 0, dtype=torch.long, device=edges.device)
 
 
-def _first_true(mask: torch.Tensor) -> torch.Tensor:
-    """Index of the first True along the last dim (0 when none)."""
-    return mask.to(torch.int8).argmax(-1)
-
-
 def expand_tree(edges: torch.Tensor, cand_ids: torch.Tensor, anchor: torch.Tensor, budget: int,
-                chain: torch.Tensor | None = None) -> TokenTree:
+                chain: torch.Tensor | None = None, impl: str = "torch") -> TokenTree:
     """The module's expansion rule: a tree of `budget` nodes per request, best-first after the chain.
 
     Args:
@@ -136,110 +143,74 @@ def expand_tree(edges: torch.Tensor, cand_ids: torch.Tensor, anchor: torch.Tenso
         budget: B >= 1, nodes per tree, root included.
         chain: `[Bt, N]` int64 candidate indices of the chain to keep (the walk's `chosen`);
             None = `greedy_chain(edges)`.
+        impl: the expansion loop's kernel, `"torch"` or `"triton"` (`dflash2.kernels.tree_expand`:
+            one launch instead of ~40 per node; the same tree).
     Returns:
         A `TokenTree` of `B` nodes (see the module docstring for the order and the guarantees).
     """
     if budget < 1:
         raise ValueError(f"tree budget must be >= 1, got {budget}")
-    bsz, n, k = cand_ids.shape
-    dev = edges.device
     if chain is None:
         chain = greedy_chain(edges)
     logp = torch.log_softmax(edges.float(), dim=-1)  # [Bt, N, k, k]
-    rows = torch.arange(bsz, device=dev)
-    lanes = torch.arange(k, device=dev)
-    frontier = budget * k  # entry i*k + c: candidate c of the slot below node i
-    f_score = torch.full((bsz, frontier), float("-inf"), device=dev)
-    f_open = torch.zeros(bsz, frontier, dtype=torch.bool, device=dev)
-    f_chain = torch.zeros(bsz, frontier, dtype=torch.bool, device=dev)
-    tokens = anchor.long()[:, None].repeat(1, budget)
-    parent = torch.full((bsz, budget), -1, dtype=torch.long, device=dev)
-    depth = torch.zeros(bsz, budget, dtype=torch.long, device=dev)
-    cand = torch.full((bsz, budget), -1, dtype=torch.long, device=dev)
-    score = torch.full((bsz, budget), float("-inf"), device=dev)
-    valid = torch.zeros(bsz, budget, dtype=torch.bool, device=dev)
-    on_chain = torch.zeros(bsz, budget, dtype=torch.bool, device=dev)
-    score[:, 0], valid[:, 0], on_chain[:, 0] = 0.0, True, True
-
-    def push(i: int, node_depth: torch.Tensor, node_cand: torch.Tensor, node_score: torch.Tensor,
-             node_chain: torch.Tensor, node_valid: torch.Tensor) -> None:
-        # Children of node i (one per request): the k candidates of slot `node_depth`.
-        can = node_valid & (node_depth < n)  # [Bt]
-        if n == 0:
-            return
-        slot = node_depth.clamp(max=n - 1)
-        child = logp[rows, slot, node_cand.clamp(min=0)]  # [Bt, k]; the root's row is any p (all equal)
-        f_score[:, i * k:(i + 1) * k] = torch.where(can[:, None], node_score[:, None] + child, float("-inf"))
-        f_open[:, i * k:(i + 1) * k] = can[:, None]
-        next_c = chain[rows, slot].long()
-        f_chain[:, i * k:(i + 1) * k] = can[:, None] & node_chain[:, None] & (lanes[None, :] == next_c[:, None])
-
-    push(0, depth[:, 0], cand[:, 0], score[:, 0], on_chain[:, 0], valid[:, 0])
-    for i in range(1, budget):
-        sc = torch.where(f_open, f_score, float("-inf"))
-        best = f_open & (sc == sc.max(-1, keepdim=True).values)
-        best = torch.where(best.any(-1, keepdim=True), best, f_open)  # NaN scores: first open entry
-        chain_open = f_open & f_chain
-        pick_mask = torch.where(chain_open.any(-1, keepdim=True), chain_open, best)
-        ok = f_open.any(-1)  # [Bt]
-        f = _first_true(pick_mask)  # [Bt]
-        par, c = f // k, f % k
-        d = depth[rows, par] + 1
-        slot = (d - 1).clamp(min=0, max=max(n - 1, 0))
-        tok = cand_ids.long()[rows, slot, c] if n > 0 else anchor.long()
-        tokens[:, i] = torch.where(ok, tok, anchor.long())
-        parent[:, i] = torch.where(ok, par, -1)
-        depth[:, i] = torch.where(ok, d, 0)
-        cand[:, i] = torch.where(ok, c, -1)
-        score[:, i] = torch.where(ok, f_score[rows, f], float("-inf"))
-        valid[:, i] = ok
-        on_chain[:, i] = ok & chain_open[rows, f]
-        f_open[rows, f] = f_open[rows, f] & ~ok
-        push(i, depth[:, i], cand[:, i], score[:, i], on_chain[:, i], valid[:, i])
-    return TokenTree(tokens, parent, depth, cand, score, valid, on_chain)
+    return TokenTree(*expand_nodes(logp, cand_ids, anchor, budget, chain, impl))
 
 
 def build_tree(unary: torch.Tensor, cand_ids: torch.Tensor, eta: torch.Tensor, pred_codebook: torch.Tensor,
                succ_codebook: torch.Tensor, anchor: torch.Tensor, budget: int,
-               chain: torch.Tensor | None = None) -> TokenTree:
-    """`expand_tree(tree_edge_scores(...), cand_ids, anchor, budget, chain)`: the tree of a
+               chain: torch.Tensor | None = None, impl: str = "torch") -> TokenTree:
+    """`expand_tree(tree_edge_scores(...), cand_ids, anchor, budget, chain, impl)`: the tree of a
     DFlash2 proposal (the proposer's `selector_walk` inputs; shapes as there)."""
     edges = tree_edge_scores(unary, cand_ids, eta, pred_codebook, succ_codebook, anchor)
-    return expand_tree(edges, cand_ids, anchor, budget, chain)
+    return expand_tree(edges, cand_ids, anchor, budget, chain, impl)
 
 
-def accept_greedy(tree: TokenTree, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Greedy acceptance of a token tree (module docstring).
+def ancestor_matrix(parent: torch.Tensor) -> torch.Tensor:
+    """`[Bt, B, B]` bool, `anc[b, i, j]` = node j is node i or one of its ancestors: the same as
+    `dflash2.kernels.tree_mask.tree_ancestors`, by pointer doubling (ceil(log2 B) boolean matrix
+    products instead of B - 1 steps up the tree, so a few launches at any B)."""
+    bsz, n = parent.shape
+    eye = torch.eye(n, dtype=torch.bool, device=parent.device).expand(bsz, n, n)
+    up = parent[..., None] == torch.arange(n, device=parent.device)  # one-hot parent (none at -1), no host sync
+    reach = (eye | up).float()  # reach within 1 step; after t squarings, within 2^t steps
+    for _ in range(max(0, (n - 1).bit_length())):
+        reach = (torch.bmm(reach, reach) > 0).float()
+    return reach > 0
+
+
+def accept_matching(tree: TokenTree, target_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Acceptance of a token tree against the target's own token at every node.
 
     Args:
         tree: `B` nodes per request.
-        target_argmax: `[Bt, B]` int64, the target's argmax at every node (its next token after
-            the node's root path).
+        target_tokens: `[Bt, B]` int64, the target's token at every node: the token it emits after
+            the node's root path (its argmax at T = 0, its keyed draw at the next position at
+            T > 0: `DecodeState._tree_verify`).
     Returns:
-        `(accepted [Bt] int64, path [Bt, B - 1] int64, bonus [Bt] int64)`: `accepted` = the
-        accepted path's length (the deepest accepted node's depth, ties -> lowest node index),
-        `path[:, :accepted]` its node indices at depths 1..accepted (-1 after), `bonus` =
-        `target_argmax` at that deepest node (the token after the accepted path).
+        `(accepted [Bt] int64, path [Bt, B - 1] int64, bonus [Bt] int64)`: a non-root node is
+        accepted iff its parent is and its token equals `target_tokens` at its parent;
+        `accepted` = the deepest accepted node's depth (ties -> lowest node index),
+        `path[:, :accepted]` that node's root path at depths 1..accepted (-1 after), `bonus` =
+        `target_tokens` at that node. The children of a node hold distinct tokens, so at most
+        one child of an accepted node is accepted: the accepted nodes form one path, and every
+        token the step commits is the target's own token at its position. Device ops with fixed
+        shapes, no loop over B.
     """
     bsz, budget = tree.tokens.shape
     dev = tree.tokens.device
     rows = torch.arange(bsz, device=dev)
-    ok = torch.zeros(bsz, budget, dtype=torch.bool, device=dev)
-    ok[:, 0] = True
-    for i in range(1, budget):
-        par = tree.parent[:, i].clamp(min=0)
-        hit = tree.tokens[:, i] == target_argmax[rows, par]
-        ok[:, i] = tree.valid[:, i] & (tree.parent[:, i] >= 0) & ok[rows, par] & hit
+    par = tree.parent.clamp(min=0)
+    hit = tree.valid & (tree.parent >= 0) & (tree.tokens == target_tokens.gather(1, par))
+    hit[:, 0] = True  # the root
+    anc = ancestor_matrix(tree.parent)
+    ok = ~(anc & ~hit[:, None, :]).any(-1)  # every node on the root path (itself included) hit
     deep = torch.where(ok, tree.depth, -1)
-    best = _first_true(deep == deep.max(-1, keepdim=True).values)  # deepest, lowest index
+    best = (deep == deep.max(-1, keepdim=True).values).to(torch.int8).argmax(-1)  # deepest, lowest index
     accepted = tree.depth[rows, best]
-    bonus = target_argmax[rows, best]
-    path = torch.full((bsz, budget), -1, dtype=torch.long, device=dev)  # last column: a dump slot
-    node = best
-    for _ in range(budget - 1):  # walk up: the node at depth d goes to column d - 1
-        d = tree.depth[rows, node]
-        live = d > 0
-        col = torch.where(live, d - 1, budget - 1)
-        path.scatter_(1, col[:, None], torch.where(live, node, -1)[:, None])
-        node = torch.where(live, tree.parent[rows, node].clamp(min=0), node)
+    bonus = target_tokens[rows, best]
+    on_path = anc[rows, best] & (tree.depth > 0)  # [Bt, B]: the path's nodes, root excluded
+    nodes = torch.arange(budget, device=dev).expand(bsz, budget)
+    col = torch.where(on_path, tree.depth - 1, budget - 1)  # depths are distinct on a path; B - 1: dump
+    path = torch.full((bsz, budget), -1, dtype=torch.long, device=dev)
+    path.scatter_reduce_(1, col, torch.where(on_path, nodes, -1), reduce="amax")
     return accepted, path[:, :budget - 1], bonus

@@ -198,10 +198,10 @@ def _hand_tree():
     ([10, 99, 12, 99, 98, 97, 96, 95], 1, [1], 99),  # a only; b's match under a rejected parent is ignored
 ])
 def test_greedy_acceptance_on_a_hand_tree(argmax, accepted, path, bonus) -> None:
-    from dflash2.engine.tree import accept_greedy
+    from dflash2.engine.tree import accept_matching
 
     tree = _hand_tree()
-    acc, got_path, got_bonus = accept_greedy(tree, torch.tensor([argmax]))
+    acc, got_path, got_bonus = accept_matching(tree, torch.tensor([argmax]))
     assert acc.tolist() == [accepted] and got_bonus.tolist() == [bonus]
     assert got_path[0].tolist() == path + [-1] * (7 - len(path))
 
@@ -209,14 +209,14 @@ def test_greedy_acceptance_on_a_hand_tree(argmax, accepted, path, bonus) -> None
 def test_greedy_acceptance_deepest_then_lowest_index() -> None:
     """Two accepted paths of the same depth (duplicate tokens under different parents): the lower
     node index wins; padding whose token happens to match is never accepted."""
-    from dflash2.engine.tree import TokenTree, accept_greedy
+    from dflash2.engine.tree import TokenTree, accept_matching
 
     tokens = torch.tensor([[5, 10, 10, 20, 20, 5]])
     parent = torch.tensor([[-1, 0, 0, 1, 2, -1]])
     depth = torch.tensor([[0, 1, 1, 2, 2, 0]])
     valid = torch.tensor([[True] * 5 + [False]])
     tree = TokenTree(tokens, parent, depth, torch.zeros_like(tokens), torch.zeros(1, 6), valid, valid)
-    acc, path, bonus = accept_greedy(tree, torch.tensor([[10, 20, 20, 7, 8, 9]]))
+    acc, path, bonus = accept_matching(tree, torch.tensor([[10, 20, 20, 7, 8, 9]]))
     assert acc.tolist() == [2] and path[0, :2].tolist() == [1, 3] and bonus.tolist() == [7]
 
 
@@ -225,7 +225,7 @@ def test_chain_tree_acceptance_equals_verify_block(seed) -> None:
     """On a chain-shaped tree (k = 1, or B = N + 1) greedy tree acceptance is `verify_block` at
     T = 0 on the block [anchor, chain]: same accepted count, same next token. The target's argmax
     at node d is the argmax of block row d; logits are drawn so that acceptance stops anywhere."""
-    from dflash2.engine.tree import accept_greedy
+    from dflash2.engine.tree import accept_matching
     from dflash2.kernels.verify import verify_block
 
     g = torch.Generator().manual_seed(seed)
@@ -241,7 +241,7 @@ def test_chain_tree_acceptance_equals_verify_block(seed) -> None:
     zeros = torch.zeros(bsz, dtype=torch.long)
     acc_ref, next_ref = verify_block(logits, tokens, problem[1], q, torch.zeros(bsz), zeros, zeros, impl="torch")
     target_argmax = logits.argmax(-1).gather(1, tree.depth)  # node i's row is its depth
-    acc, path, bonus = accept_greedy(tree, target_argmax)
+    acc, path, bonus = accept_matching(tree, target_argmax)
     assert torch.equal(acc, acc_ref) and torch.equal(bonus, next_ref)
     assert (acc >= stop).all()
     for b in range(bsz):
@@ -251,7 +251,7 @@ def test_chain_tree_acceptance_equals_verify_block(seed) -> None:
 def test_tree_accepts_at_least_the_chain() -> None:
     """A tree with the chain inside accepts at least what the chain does, and more when the
     target follows a branch off the chain (here: the first best-first node's root path)."""
-    from dflash2.engine.tree import accept_greedy
+    from dflash2.engine.tree import accept_matching
 
     bsz, n = 4, 4
     problem = _problem(bsz, n, 3, seed=5)
@@ -270,7 +270,7 @@ def test_tree_accepts_at_least_the_chain() -> None:
             target[b, par] = tree.tokens[b, child]
         want.append(len(path))
         want_chain.append(sum(1 for _ in itertools.takewhile(lambda i: i <= n, path)))  # chain nodes: 1..N
-    acc, _, bonus = accept_greedy(tree, target)
-    acc_chain, _, _ = accept_greedy(chain, target[:, :n + 1])
+    acc, _, bonus = accept_matching(tree, target)
+    acc_chain, _, _ = accept_matching(chain, target[:, :n + 1])
     assert acc.tolist() == want and acc_chain.tolist() == want_chain
     assert (acc > acc_chain)[1:].all() and (bonus == -1).all()
