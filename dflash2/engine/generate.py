@@ -11,7 +11,7 @@ One loop serves both arms. Per step, for every row b (static shapes, per-row len
 
 With `verify="adaptive"` row b accepts at most its verify length L_b <= N of the step, fixed by
 its earlier steps (`dflash2.engine.verify.verify_within`: the block keeps its N + 1 slots).
-With `verify="tree"` (greedy, eager) the target scores a token tree of `tree_budget` nodes built
+With `verify="tree"` the target scores a token tree of `tree_budget` nodes built
 from the proposal (`dflash2.engine.tree`) instead of the block, and the accepted root path is
 committed (`DecodeState._tree_verify`).
 
@@ -210,10 +210,12 @@ def speculative_generate(
             by the row's earlier accepted counts alone, applied by truncating acceptance within the
             same fixed-shape block; lossless like `"chain"`: greedy equals AR, exact mode bit for
             bit, sampled output follows the target's law). Recorded in `verify_lengths`. `"tree"`:
-            greedy only, eager only (no graphs, no exact mode): each step's target forward runs
-            over a token tree of `tree_budget` nodes (the root, the drafted chain, then the
-            best-first candidates by the selector's path scores; `dflash2.engine.tree`) and
-            commits the longest accepted root path; output equals AR's greedy path.
+            each step's target forward runs over a token tree of `tree_budget` nodes (the root,
+            the drafted chain, then the best-first candidates by the selector's path scores;
+            `dflash2.engine.tree`) and commits the longest root path whose every token is the
+            target's own token at its position (argmax, or its keyed draw at T > 0): output equals
+            the AR loop's for the same logits (greedy: AR's path; exact mode: bit for bit, each
+            path confirmed by a second, exact chain forward); graph-captured like the chain.
         tree_budget: nodes of each step's tree, root included, in 1..64 (`verify="tree"` only).
     Returns:
         `SpeculativeOutput`.

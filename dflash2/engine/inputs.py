@@ -402,7 +402,7 @@ def check_generate_inputs(
         _fail("linear_impl", f"is {linear_impl!r}", f"use one of {IMPLS}")
     if not isinstance(verify, str) or verify not in VERIFY_POLICIES:
         _fail("verify", f"is {verify!r}", "use 'chain' (verify every drafted token, the default), 'adaptive' "
-              "(per row, a verify length set by the row's earlier steps) or 'tree' (greedy: a token tree of "
+              "(per row, a verify length set by the row's earlier steps) or 'tree' (a token tree of "
               "tree_budget nodes)")
     if verify == "tree" and n_spec > 0:
         if tree_budget is None:
@@ -410,15 +410,6 @@ def check_generate_inputs(
                   "pass tree_budget=B, the nodes of each step's tree (root included), e.g. 2 * (N + 1)")
         tree_budget = _int_arg("tree_budget", tree_budget, 1, MAX_TREE_BUDGET,
                                " (nodes of each step's token tree, the root included)")
-        if temperature > 0:
-            _fail("verify", f"is 'tree' with temperature={temperature} (only greedy tree acceptance is built)",
-                  "use temperature=0, or verify='chain' / 'adaptive' to sample")
-        if exact:
-            _fail("verify", "is 'tree' with exact=True (the tree forward has no exact-mode kernels yet)",
-                  "drop one of the two")
-        if graphs:
-            _fail("graphs", "is True with verify='tree' (the tree step runs eagerly)", "pass graphs=None or False")
-        use_graphs = False
     elif tree_budget is not None and verify != "tree":
         _fail("tree_budget", f"is {tree_budget!r} but verify is {verify!r}", "pass tree_budget only with verify='tree'")
     else:

@@ -48,7 +48,7 @@ class EngineSettings:
         graphs: the steady-state step replays CUDA graphs (`dflash2.engine.graphs`).
         verify: the verify policy, `"chain"` (every drafted token), `"adaptive"` (per row, a
             length fixed by the row's earlier steps; `dflash2.engine.verify`) or `"tree"` (a token
-            tree of `tree_budget` nodes, greedy and eager only; `dflash2.engine.tree`).
+            tree of `tree_budget` nodes; `dflash2.engine.tree`).
         tree_budget: nodes of each step's tree, root included (`verify="tree"`; else 0).
     """
 

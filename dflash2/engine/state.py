@@ -36,7 +36,7 @@ from dflash2.engine.draft import DraftStep, Proposal
 from dflash2.engine.reports import REPORT_ROWS, StepReports
 from dflash2.engine.settings import EXACT_SPLIT_KEYS, EngineSettings
 from dflash2.engine.sampling import filter_logits, invalid_rows
-from dflash2.engine.tree import accept_greedy, expand_tree
+from dflash2.engine.tree import accept_matching, expand_tree
 from dflash2.engine.verify import initial_lengths, next_lengths, verify_within
 from dflash2.kernels.linear import MAX_ROWS, FusedLinears, SmallMLinearMode, fusable_groups
 from dflash2.kernels.tree_mask import tree_attention_mask, tree_positions
@@ -369,7 +369,7 @@ class DecodeState:
         # row's own offset; only the first 1+N slots' logits and features are used.
         pos_w = start[:, None] + self.arange_w
         lengths = self.verify_len  # [B]: fixed by the earlier steps, never by this one's logits
-        if self.engine.verify == "tree":  # a token tree instead of the block (greedy, eager)
+        if self.engine.verify == "tree":  # a token tree instead of the block
             d, acc, nxt, feats, bad = self._tree_verify(prop, anchor, start, active, kv_len)
         else:
             acc, nxt, feats, bad = self._block_verify(anchor, d, cand, q, start, pos_w, lengths, kv_len)
@@ -407,22 +407,26 @@ class DecodeState:
             self.verify_len.copy_(torch.where(active, next_lengths(self.engine.verify, lengths, acc, n_spec), lengths))
         return t0
 
+    def _chain_forward(self, block: torch.Tensor, pos_w: torch.Tensor, kv_len: int):
+        """One target forward over `block [B, W]` at positions `pos_w` (K/V at the slots of those
+        positions), with the call's kernels: row by row in exact mode `"rows"`, the invariant
+        kernels in `"invariant"`. Returns `(logits [B, W, V], features or None)`."""
+        if self.exact and not self.engine.invariant_exact:
+            return forward_rows(self.tgt, block, pos_w, self.cache, self.layer_ids, self.max_len,
+                                self.engine.attention_impl)
+        self.cache.prepare(pos_w, kv_len=kv_len)
+        inv = self.engine.invariant_exact  # fixed key splits and query tile: bits independent of B and W
+        out = self.tgt(block, position_ids=pos_w, past_key_values=self.cache, layer_ids=self.layer_ids,
+                       **self.cache.attention_kwargs(self.engine.attention_impl,
+                                                     split_keys=EXACT_SPLIT_KEYS if inv else None,
+                                                     tile_queries=self.engine.exact_block_size if inv else None))
+        return out.logits, out.features
+
     def _block_verify(self, anchor, d, cand, q, start, pos_w, lengths, kv_len):
         """The chain / adaptive verify: one target forward over `[anchor, d_1..d_N]` (+ exact-mode
         padding). Returns `(acc [B], nxt [B], feats [B, W, F] or None, bad [B])`."""
-        tgt, n_spec = self.tgt, self.n_spec
-        block = torch.cat([anchor[:, None], d, self.pad], dim=1)  # [B, W]
-        if self.exact and not self.engine.invariant_exact:
-            all_logits, feats = forward_rows(tgt, block, pos_w, self.cache, self.layer_ids, self.max_len,
-                                             self.engine.attention_impl)
-        else:
-            self.cache.prepare(pos_w, kv_len=kv_len)
-            inv = self.engine.invariant_exact  # fixed key splits and query tile: bits independent of B and W
-            out = tgt(block, position_ids=pos_w, past_key_values=self.cache, layer_ids=self.layer_ids,
-                      **self.cache.attention_kwargs(self.engine.attention_impl,
-                                                    split_keys=EXACT_SPLIT_KEYS if inv else None,
-                                                    tile_queries=self.engine.exact_block_size if inv else None))
-            all_logits, feats = out.logits, out.features
+        n_spec = self.n_spec
+        all_logits, feats = self._chain_forward(torch.cat([anchor[:, None], d, self.pad], dim=1), pos_w, kv_len)
         logits = all_logits[:, : n_spec + 1]  # [B, 1+N, V]
         bad = invalid_rows(logits)
         if self.engine.verify == "chain":
@@ -433,13 +437,35 @@ class DecodeState:
                                      lengths, impl=self.engine.kernel_impl)
         return acc, nxt, feats, bad
 
+    def _target_tokens(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`[B, M]` int64: the target's own token at each of the `M` logits rows of every row b
+        (`logits [B, M, V]`, row m predicting absolute position `positions [B, M]`): the argmax at
+        T = 0, else the draw from the filtered law keyed by (row b's seed, that position), i.e.
+        `verify_block` with no drafted token, the AR loop's draw (-1 for an invalid logits row)."""
+        bsz, m, vocab = logits.shape
+        probs_in = self.target_probs_input(logits).reshape(bsz * m, 1, vocab)
+        _, tok = verify_block(probs_in, self.empty_d[:1].expand(bsz * m, 0), self.empty_d[:1, :, None].expand(
+            bsz * m, 0, 1), self.empty_q[:1].expand(bsz * m, 0, 1), self.temps.repeat_interleave(m),
+            self.seeds.repeat_interleave(m), positions.reshape(-1), impl=self.engine.kernel_impl)
+        return tok.view(bsz, m)
+
     def _tree_verify(self, prop: Proposal, anchor, start, active, kv_len):
-        """Greedy tree verify (`verify="tree"`, eager): the proposal's token tree of `tree_budget`
-        nodes (`dflash2.engine.tree.expand_tree`, the drafted tokens as its chain; the selector's
-        edges `prop.edges`, or `log q` per candidate when the proposer gives none), one target
-        forward over its nodes (node i's K/V at slot `start + i`, position `start + depth`, the
-        tree mask), greedy acceptance, then the accepted path's K/V moved to the slots of its
-        positions (`start + 1 .. start + acc`; chain nodes are already there).
+        """Tree verify (`verify="tree"`): the proposal's token tree of `tree_budget` nodes
+        (`dflash2.engine.tree.expand_tree`, the drafted tokens as its chain; the selector's edges
+        `prop.edges`, or `log q` per candidate when the proposer gives none), one target forward
+        over its nodes (node i's K/V at slot `start + i`, position `start + depth`, the tree
+        mask), the target's own token at every node (`_target_tokens`) and the matching
+        acceptance (`accept_matching`).
+
+        Normal mode commits the accepted path's K/V and features from the tree forward: the K/V
+        move to the slots of their positions (`start + 1 .. start + acc`; chain nodes are already
+        there). Exact mode only takes the path from the tree forward (whose masked attention has
+        no exact kernel) and confirms it with a second, exact forward over the chain
+        `[anchor, path, pad]` (the kernels of `_block_verify`): the step accepts the path's
+        leading tokens that equal the target's token from those exact logits (at most the tree's
+        count) and takes the bonus from them too, so every committed token, K/V and feature is
+        the exact forward's: bit for bit exact AR's. Two forwards per step: exact tree verify
+        costs one more chain forward than normal mode.
 
         Returns `(d [B, N]` the accepted path's tokens (0 past `acc`), `acc [B]`, `nxt [B]` the
         bonus token, `feats [B, N+1, F]` or None the target features of the root and the path,
@@ -451,20 +477,32 @@ class DecodeState:
         edges = prop.edges
         if edges is None:  # no selector edges: every candidate scored by the proposer's law alone
             edges = torch.log(q.float())[:, :, None, :].expand(-1, -1, cand.shape[-1], -1)
-        tree = expand_tree(edges, cand, anchor, budget, chain=chosen)
+        tree = expand_tree(edges, cand, anchor, budget, chain=chosen, impl=self.engine.kernel_impl)
         self.cache.prepare(start[:, None] + self.arange_tree, kv_len=kv_len)
         mask = tree_attention_mask(tree.parent, start, self.cache.state.kv_len, impl=self.engine.kernel_impl)
-        out = self.tgt(tree.tokens, position_ids=tree_positions(tree.depth, start), past_key_values=self.cache,
+        node_pos = tree_positions(tree.depth, start)
+        out = self.tgt(tree.tokens, position_ids=node_pos, past_key_values=self.cache,
                        layer_ids=self.layer_ids, dfl2_kernel="torch", dfl2_exact=False,
                        dfl2_masks={FULL_WINDOW: mask})
         bad = invalid_rows(out.logits)
-        acc, path, bonus = accept_greedy(tree, out.logits.float().argmax(-1))
+        acc, path, bonus = accept_matching(tree, self._target_tokens(out.logits, node_pos + 1))
         if path.shape[1] < n:
             path = torch.cat([path, path.new_full((path.shape[0], n - path.shape[1]), -1)], dim=1)
         path = path[:, :n]
-        on = (self.arange_blk[None, :n] < acc[:, None]) & active[:, None]
+        slot = self.arange_blk[None, :n]
+        on = (slot < acc[:, None]) & active[:, None]
         d = torch.where(on, tree.tokens.gather(1, path.clamp(min=0)), 0)
-        dst = start[:, None] + 1 + self.arange_blk[None, :n]
+        if self.exact:  # confirm the path with the exact kernels (docstring)
+            pos_w = start[:, None] + self.arange_w
+            all_logits, feats = self._chain_forward(torch.cat([anchor[:, None], d, self.pad], dim=1), pos_w, kv_len)
+            logits = all_logits[:, : n + 1]
+            bad = invalid_rows(logits)
+            draws = self._target_tokens(logits, pos_w[:, : n + 1] + 1)  # [B, N+1]
+            match = (d == draws[:, :n]) & (slot < acc[:, None])
+            acc = match.long().cumprod(1).sum(1)
+            bonus = draws.gather(1, acc[:, None])[:, 0]
+            return torch.where(slot < acc[:, None], d, 0), acc, bonus, feats, bad
+        dst = start[:, None] + 1 + slot
         self.cache.move_slots(torch.where(on, start[:, None] + path, dst), dst)
         feats = None
         if out.features is not None:

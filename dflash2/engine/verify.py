@@ -39,7 +39,7 @@ depends on d_i itself, and low-probability tokens are under-emitted
 (`tests/engine/test_adaptive_verify.py`: the same chi-square test rejects that rule and passes
 this one).
 
-`"tree"` (greedy, eager only) verifies a token tree of `tree_budget` nodes built from the
+`"tree"` verifies a token tree of `tree_budget` nodes built from the
 proposal instead of the chain (`dflash2.engine.tree`; `DecodeState._tree_verify`); its length is
 N at every step, as for `"chain"`.
 
