@@ -46,8 +46,11 @@ def test_expand_tree_dispatch_is_the_same_tree(triton_device) -> None:
     a = expand_tree(edges, cand, anchor, 10, chain, impl="torch")
     b = expand_tree(edges.to(triton_device), cand.to(triton_device), anchor.to(triton_device), 10,
                     chain.to(triton_device), impl="triton")
-    for name in NAMES:
-        assert torch.equal(getattr(a, name), getattr(b, name).cpu()), name
+    for name in NAMES:  # (the log-softmax itself ran on two devices: scores to rounding)
+        if name == "score":
+            torch.testing.assert_close(a.score, b.score.cpu())
+        else:
+            assert torch.equal(getattr(a, name), getattr(b, name).cpu()), name
     with pytest.raises(ValueError, match="resolved"):
         expand_nodes(logp, cand, anchor, 4, chain, impl="auto")
 
