@@ -17,8 +17,9 @@
   length) get integer ticks.
 
 Public: `print_summary`, `write_report`, `make_figures`, `figure_png`, `arm_colours`,
-`summary_rows`, `COLUMNS`, `end_to_end_rows`, `E2E_COLUMNS`, and the cell formatters `fmt_value`,
-`fmt_ci`, `fmt_p`, `fmt_pct`, `md_table` (shared with cross-run comparison reports).
+`summary_rows`, `COLUMNS`, `end_to_end_rows`, `E2E_COLUMNS`, and, re-exported from
+`formatting.py` (which has them, free of matplotlib), the cell formatters `fmt_value`, `fmt_ci`,
+`fmt_p`, `fmt_pct`, `fmt_mcnemar_p`, `md_table` (shared with cross-run comparison reports).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import matplotlib
 
@@ -39,63 +40,11 @@ from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from dflash2.evaluation.analysis.formatting import (  # noqa: E402, F401  (the formatters are re-exported)
+    drop_empty, fmt_ci, fmt_mcnemar_p, fmt_p, fmt_pct, fmt_tost_accuracy_p, fmt_value, md_table)
+from dflash2.evaluation.analysis.formatting import fmt_number as _num  # noqa: E402
+from dflash2.evaluation.analysis.formatting import fmt_share as _pct  # noqa: E402
 from dflash2.evaluation.analysis.stats import arm_family  # noqa: E402
-
-# ------------------------------------------------------------------------------ formatting
-
-
-def fmt_value(v: Any, digits: int = 2) -> str:
-    """`v` with `digits` decimals; "-" for None."""
-    return "-" if v is None else f"{v:.{digits}f}"
-
-
-def fmt_ci(v: Any, ci: Any, digits: int = 2) -> str:
-    """"v [low, high]"; just v without a CI; "-" for None."""
-    if v is None:
-        return "-"
-    if not ci or ci[0] is None or ci[1] is None:
-        return fmt_value(v, digits)
-    return f"{v:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
-
-
-def fmt_p(v: Any) -> str:
-    """A p-value: 2 significant digits, scientific below 1e-3; "-" for None."""
-    if v is None:
-        return "-"
-    if v == 0:
-        return "0"
-    return f"{v:.2g}" if v >= 1e-3 else f"{v:.1e}"
-
-
-def fmt_mcnemar_p(mc: dict | None) -> str:
-    """A summary's McNemar result: its p, or "n too small (need >= M discordant)" when the
-    discordant pairs are fewer than the test needs to reach p <= 0.05 (`stats.mcnemar_min_discordant`);
-    "-" without a result."""
-    if not mc:
-        return "-"
-    floor, d = mc.get("n_min_discordant"), mc.get("b_only_arm_correct", 0) + mc.get("c_only_ar_correct", 0)
-    if floor is not None and d < floor:
-        return f"n too small (need >= {floor} discordant)"
-    return fmt_p(mc.get("p"))
-
-
-def fmt_tost_accuracy_p(m: dict) -> str:
-    """A summary block's accuracy TOST: its p, or "n too small (need >= M)" below the pairs the
-    margin needs (`stats.tost_min_pairs`); "-" without a result."""
-    floor, n = m.get("tost_accuracy_n_min"), m.get("n_scored_paired")
-    if m.get("tost_accuracy_p") is not None and floor is not None and n is not None and n < floor:
-        return f"n too small (need >= {floor})"
-    return fmt_p(m.get("tost_accuracy_p"))
-
-
-def fmt_pct(v: Any, ci: Any = None) -> str:
-    """A fraction as percent with one decimal (and its CI in brackets); "-" for None."""
-    if v is None:
-        return "-"
-    if ci and ci[0] is not None:
-        return f"{100 * v:.1f} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
-    return f"{100 * v:.1f}"
-
 
 COLUMNS = ["arm", "N", "n", "tau pooled [95% CI]", "tau per-request [95% CI]", "speedup [95% CI]", "tok/s",
            "accuracy % [95% CI]", "McNemar p", "TOST acc p", "MDE pts", "identical %", "TOST logprob p"]
@@ -132,16 +81,6 @@ def summary_rows(summary: dict, dataset: str | None = None) -> list[list[str]]:
 
 E2E_COLUMNS = ["arm", "samples timed", "tokens", "total s", "ms/token end to end", "ms/token generation",
                "ms/sample", "host %", "analysis %"]
-
-
-def _num(v: Any, digits: int) -> str:
-    """`v` with `digits` decimals; "-" for None and NaN (nothing timed; NaN is null in summary.json)."""
-    return "-" if v is None or v != v else f"{v:.{digits}f}"
-
-
-def _pct(f: Any, digits: int = 1) -> str:
-    """A fraction as percent; "-" for None and NaN."""
-    return "-" if f is None or f != f else f"{100 * f:.{digits}f}"
 
 
 def _e2e_where(e2e: dict) -> str:
@@ -201,14 +140,8 @@ def _end_to_end_lines(summary: dict) -> list[str]:
     return lines
 
 
-def _drop_empty(header: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
-    """Drop columns that are "-" in every row (e.g. no accuracy on MT-Bench, no TOST at T = 0)."""
-    keep = [i for i in range(len(header)) if i == 0 or any(r[i] != "-" for r in rows)] if rows else range(len(header))
-    return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
-
-
 def _text_table(header: list[str], rows: list[list[str]]) -> str:
-    header, rows = _drop_empty(header, rows)
+    header, rows = drop_empty(header, rows)
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     line = "  ".join("-" * w for w in widths)
     fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
@@ -434,18 +367,8 @@ def figure_png(fig: Figure) -> bytes:
 # ------------------------------------------------------------------------------ documents
 
 
-def md_table(header: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table; columns that are "-" in every row are dropped."""
-    header, rows = _drop_empty(header, rows)
-    esc = lambda c: str(c).replace("|", "\\|")  # noqa: E731
-    return "\n".join(["| " + " | ".join(map(esc, header)) + " |", "|" + "---|" * len(header),
-                      *("| " + " | ".join(map(esc, r)) + " |" for r in rows)])
-
-
-
-
 def _html_table(header: list[str], rows: list[list[str]]) -> str:
-    header, rows = _drop_empty(header, rows)
+    header, rows = drop_empty(header, rows)
     th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
