@@ -125,18 +125,22 @@ def _imports(path) -> set[str]:
 
 def test_evaluation_layers_read_top_down():
     """running -> analysis -> arms, never back (inside running: run -> runner -> sharding; inside
-    analysis: report above stats and cost above records); the engine never imports evaluation (its
+    analysis: report above stats and cost, which are above verify and records, and formatting
+    below every report); the engine never imports evaluation (its
     acceptance statistics are the ones evaluation uses)."""
     from pathlib import Path
 
     import dflash2
 
     pkg = Path(dflash2.__file__).parent
-    below = {"analysis/records.py": ("running", "analysis.stats", "analysis.cost", "analysis.report"),
-             "running/sharding.py": ("running.runner", "running.run"), "running/runner.py": ("running.run",),
-             "analysis/stats.py": ("running", "analysis.report"), "analysis/cost.py": ("running", "analysis.report")}
-    below.update({f"analysis/{p.name}": ("running",) for p in (pkg / "evaluation" / "analysis").glob("*.py")})
+    below = {f"analysis/{p.name}": ("running",) for p in (pkg / "evaluation" / "analysis").glob("*.py")}
     below.update({f"arms/{p.name}": ("running", "analysis") for p in (pkg / "evaluation" / "arms").glob("*.py")})
+    tables = ("analysis.stats", "analysis.cost", "analysis.report")  # what reads the records, not what they read
+    below.update({"analysis/records.py": ("running", *tables), "analysis/verify.py": ("running", *tables),
+                  "analysis/formatting.py": ("running", *tables, "analysis.compare"),
+                  "running/sharding.py": ("running.runner", "running.run"), "running/runner.py": ("running.run",),
+                  "analysis/stats.py": ("running", "analysis.report"),
+                  "analysis/cost.py": ("running", "analysis.report")})
     for name, forbidden in below.items():
         got = _imports(pkg / "evaluation" / name)
         bad = [m for m in got for f in forbidden
