@@ -131,9 +131,14 @@ def check_eval_arms(cfg: Any) -> None:
             block, source = int(cfg.draft.block_size), f"draft.block_size={cfg.draft.block_size} (a fresh draft)"
         over = [n for n in ns if n > block - 1]
         if over:
-            raise ValueError(f"arms.num_speculative_tokens={list(arms.num_speculative_tokens)}: {over} exceed the "
-                             f"draft's block: {source} has block_size {block}, so N is at most {block - 1}; use "
-                             f"values in 1..{block - 1}")
+            # name the list that holds them: the drafter's, or the adaptive or tree arms' own N values
+            key = next((k for k in ("num_speculative_tokens", "adaptive_num_speculative_tokens",
+                                    "tree_num_speculative_tokens") if set(over) & {int(n) for n in
+                                                                                   getattr(arms, k, None) or []}),
+                       "num_speculative_tokens")
+            raise ValueError(f"arms.{key}={list(getattr(arms, key))}: {[n for n in over if n in getattr(arms, key)]} "
+                             f"exceed the draft's block: {source} has block_size {block}, so N is at most "
+                             f"{block - 1}; use values in 1..{block - 1}")
     others = sorted({int(n) for k in enabled(arms, lambda k: not k.uses_draft) for n in k.num_speculative_tokens(arms)})
     longest = max(ns + others, default=0)
     from dflash2.engine.inputs import exact_width

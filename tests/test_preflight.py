@@ -54,6 +54,9 @@ EVAL_CASES = [
      "arms.num_speculative_tokens=[99]: [99] exceed the draft's block: draft.block_size=16 (a fresh draft) has "
      "block_size 16, so N is at most 15"),
     ("N-16-fresh-block", ["arms.num_speculative_tokens=[3,16]"], "[16] exceed the draft's block"),
+    ("adaptive-N-over-fresh-block", ["arms.adaptive=true", "arms.adaptive_num_speculative_tokens=[3,16]"],
+     "arms.adaptive_num_speculative_tokens=[3, 16]: [16] exceed the draft's block: draft.block_size=16"),
+    ("tree-budget-1", ["arms.tree=true", "arms.tree_budgets=[1,16]"], "arms.tree_budgets=[1, 16]: [1] outside 2..64"),
     ("N-over-checkpoint-block", ["draft_path={c}/good", "arms.num_speculative_tokens=[7,9]"],
      "[9] exceed the draft's block: the draft at draft_path={c}/good has block_size 8, so N is at most 7"),
     ("truncated-weights", ["draft_path={c}/truncated"],

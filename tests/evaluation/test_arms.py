@@ -1,4 +1,4 @@
-"""The arm registry (`dflash2.evaluation.arms`): the four kinds it ships, and a new kind added as
+"""The arm registry (`dflash2.evaluation.arms`): the six kinds it ships, and a new kind added as
 one registration is built, recorded, ordered, paired, checked and costed without touching any
 other evaluation module."""
 
@@ -16,9 +16,11 @@ from tests.evaluation.synthetic import synthetic_records
 
 
 def test_the_shipped_kinds_and_what_they_declare():
-    assert kind_names() == ("ar", "spec", "selector_off", "oracle")
+    assert kind_names() == ("ar", "spec", "selector_off", "adaptive", "tree", "oracle")
     assert registry.baseline().name == "ar" and registry.primary_kind() == "spec"
-    assert registry.drafter_kinds() == ("spec", "selector_off")
+    assert registry.drafter_kinds() == ("spec", "selector_off", "adaptive", "tree")
+    assert {k.name: k.verify for k in registry.registered() if k.verify != "chain"} == {"adaptive": "adaptive",
+                                                                                        "tree": "tree"}
     cfg = ArmsSpec(oracle=True, num_speculative_tokens=[3, 1, 3], oracle_num_speculative_tokens=[7])
     labels = [a.label for a in build_arms(cfg, has_draft=True, draft_has_selector=True)]
     assert labels == ["ar", "dflash2@N=1", "dflash2@N=3", "selector_off@N=1", "selector_off@N=3", "oracle@N=7"]
@@ -56,8 +58,8 @@ def test_a_new_kind_is_one_registration(echo_kind):
     from dflash2.evaluation.analysis.cost import for_report
     from dflash2.evaluation.running.runner import run_checks
 
-    cfg = SimpleNamespace(ar=True, dflash2=True, selector_off=False, oracle=False, echo=True,
-                          num_speculative_tokens=[2], oracle_num_speculative_tokens=None)
+    cfg = SimpleNamespace(ar=True, dflash2=True, selector_off=False, oracle=False, adaptive=False, tree=False,
+                          echo=True, num_speculative_tokens=[2], oracle_num_speculative_tokens=None)
     arms = build_arms(cfg, has_draft=True, draft_has_selector=True)
     assert [a.label for a in arms] == ["ar", "dflash2@N=2", "echo@N=2"]
     assert draft_for_arm(arms[-1], draft="the-draft", target=None, impl="torch") == "echo-draft"

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from dflash2.evaluation.analysis.records import (FIELDS, REQUIRED, Record, append_records, dedupe, read_records,
-                                        read_run_records, record_key)
+from dflash2.evaluation.analysis.records import (FIELDS, LATER_FIELDS, REQUIRED, Record, append_records, dedupe,
+                                                 read_records, read_run_records, record_key)
 from dflash2.jsonl import JsonlError, TornLineWarning
 from tests.evaluation.synthetic import record, synthetic_records
 
@@ -19,7 +19,11 @@ def test_round_trip_fills_optional_fields_and_refuses_unknown_or_missing_ones():
     row = record("dflash2@N=3", "gsm8k/0001", arm_kind="spec", num_speculative_tokens=3, accepted=[3, 0],
                  steps=2, tokens=[5, 6, 7, 8, 9], correct=True)
     r = Record.from_json(row)
-    assert r.to_json() == {**dict.fromkeys(FIELDS), **row}  # every field present, unset ones None
+    # every field present, unset ones None; the verify fields only when set (archived runs round-trip)
+    assert r.to_json() == {**dict.fromkeys(f for f in FIELDS if f not in LATER_FIELDS), **row}
+    verified = {**row, "verify_policy": "chain", "verify_lengths": [3, 3], "verify_rows": [4, 4]}
+    assert Record.from_json(verified).to_json() == {**dict.fromkeys(f for f in FIELDS if f != "tree_budget"),
+                                                    **verified}
     assert Record.from_json(r.to_json()) == r
     with pytest.raises(dataclasses_frozen_error()):
         r.arm = "other"
@@ -121,18 +125,22 @@ def _imports(path) -> set[str]:
 
 def test_evaluation_layers_read_top_down():
     """running -> analysis -> arms, never back (inside running: run -> runner -> sharding; inside
-    analysis: report above stats and cost above records); the engine never imports evaluation (its
+    analysis: report above stats and cost, which are above verify and records, and formatting
+    below every report); the engine never imports evaluation (its
     acceptance statistics are the ones evaluation uses)."""
     from pathlib import Path
 
     import dflash2
 
     pkg = Path(dflash2.__file__).parent
-    below = {"analysis/records.py": ("running", "analysis.stats", "analysis.cost", "analysis.report"),
-             "running/sharding.py": ("running.runner", "running.run"), "running/runner.py": ("running.run",),
-             "analysis/stats.py": ("running", "analysis.report"), "analysis/cost.py": ("running", "analysis.report")}
-    below.update({f"analysis/{p.name}": ("running",) for p in (pkg / "evaluation" / "analysis").glob("*.py")})
+    below = {f"analysis/{p.name}": ("running",) for p in (pkg / "evaluation" / "analysis").glob("*.py")}
     below.update({f"arms/{p.name}": ("running", "analysis") for p in (pkg / "evaluation" / "arms").glob("*.py")})
+    tables = ("analysis.stats", "analysis.cost", "analysis.report")  # what reads the records, not what they read
+    below.update({"analysis/records.py": ("running", *tables), "analysis/verify.py": ("running", *tables),
+                  "analysis/formatting.py": ("running", *tables, "analysis.compare"),
+                  "running/sharding.py": ("running.runner", "running.run"), "running/runner.py": ("running.run",),
+                  "analysis/stats.py": ("running", "analysis.report"),
+                  "analysis/cost.py": ("running", "analysis.report")})
     for name, forbidden in below.items():
         got = _imports(pkg / "evaluation" / name)
         bad = [m for m in got for f in forbidden

@@ -28,6 +28,11 @@ Two measured ingredients, combined by one formula:
 
    (the 1 is the bonus/corrected token; this is tau *including the bonus*, as in the stats).
 
+The `N + 1` of the step cost are the rows the verify forward scores. Arms of the adaptive and
+tree verify policies are priced by the drafter's chain fit at their own rows (`c(B, rows - 1,
+ctx)`; adaptive's forward scores N + 1 today, and its ragged L + 1 is priced beside it; a tree
+scores its budget) with their measured tau (`from_records` step 6, `analysis/verify.py`).
+
 Predictions: tokens/s = B * E(N) / c(B, N, ctx); AR tokens/s = B / c(B, 0, ctx);
 speedup = (E(N) / c(B, N, ctx)) / (1 / c(B, 0, ctx)) (steady-state decoding, no prefill).
 `from_records` also predicts the end-to-end speedup the eval reports measure (wall time incl.
@@ -49,8 +54,9 @@ import numpy as np
 
 from dflash2.engine.stats import tau_pooled
 from dflash2.evaluation.analysis.acceptance import AcceptanceProfile, expected_tokens_per_step
-from dflash2.evaluation.arms import baseline
+from dflash2.evaluation.arms import baseline, kind_of, primary_kind
 from dflash2.evaluation.analysis.records import Record, arm_family, as_records, dedupe
+from dflash2.evaluation.analysis.verify import price_policy_arm
 from dflash2.jsonl import to_jsonable
 
 TERMS = ("overhead", "draft", "per_token", "kv", "attention")
@@ -355,6 +361,10 @@ def from_records(records: list[Record | dict], *, calibrate_arms: Iterable[str] 
     steps until its slowest row is done, which a pooled E under-predicts.
     (5) `best_n` per kind: the N with the highest predicted decode tokens/s (`N`) and the N with
     the highest predicted end-to-end speedup over the AR arm's generations (`N_end_to_end`).
+    (6) Arms of an adaptive or tree kind (`ArmKind.verify`) get no fit of their own: the chain fit
+    of the drafter's primary kind prices their steps at the rows their forward scores (`c(B,
+    rows - 1, ctx)`: N + 1 for adaptive today, the budget for a tree) with their measured tau,
+    and adaptive's also at its mean ragged rows (L + 1: `ragged_*`); `verify.price_policy_arm`.
 
     Args:
         records: evaluation records (`dflash2.evaluation.analysis.records.Record`s or their dicts; one per
@@ -433,9 +443,21 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
 
     ar_ids = {r.sample_id for g in ar_gens for r in g}
 
-    # One step-cost model per arm kind (an oracle step has no draft forward, a dflash2 step has
-    # one), each fitted on the AR arm plus that kind's calibration arms; it needs two N values.
-    for kind in sorted({k for k, _ in info.values()} - {base}):
+    def measured(arm: str) -> dict:
+        """What the arm's records measured: step cost (stage 1), tau, speedup over AR, tokens/s."""
+        pairs = [(ar_by_sample[r.sample_id], r) for r in by_arm[arm] if r.sample_id in ar_by_sample]
+        w_ar, w_x = sum(float(a.wall_s) for a, _ in pairs), sum(float(x.wall_s) for _, x in pairs)
+        toks, w_arm = sum(len(r.tokens or []) for r in by_arm[arm]), sum(float(r.wall_s) for r in by_arm[arm])
+        return {"measured_step_s": step_c.get(arm), "measured_tau": tau_pooled([r.accepted for r in by_arm[arm]]),
+                "measured_speedup": w_ar / w_x if w_x > 0 else None,
+                "measured_tokens_per_s": toks / w_arm if w_arm > 0 else None}
+
+    # One step-cost model per chain arm kind (an oracle step has no draft forward, a dflash2 step
+    # has one), each fitted on the AR arm plus that kind's calibration arms; it needs two N values.
+    # The adaptive and tree kinds are priced by the drafter's chain fit afterwards (`verify.py`).
+    policy_kinds = {k for k, _ in info.values() if kind_of(k).verify != "chain"}
+    chain = None
+    for kind in sorted({k for k, _ in info.values()} - {base} - policy_kinds):
         # Keyed by the arms' own family name ("dflash2", "selector_off", "oracle"), not the kind.
         fam = f"{arm_family(next(a for a in info if info[a][0] == kind))}|T={t:g}"
         arms = [a for a in step_c if info[a][0] == kind]
@@ -464,6 +486,8 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
                     for sid in ar_ids}
 
         ar_wall = wall(model.predict(batch, 0, c_ctx), e_rows(0))
+        if kind == primary_kind():
+            chain = (model, fam, ar_wall, cal_n)
         targets = [a for a, (k, _) in info.items() if k == kind or (k == base and key(a) not in out["arms"])]
         for arm in sorted(targets, key=lambda a: info[a][1]):
             if pred is not None and arm not in pred and key(arm) not in pred:
@@ -472,19 +496,13 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
             p = predict_speedup(model, prof.extended(n), batch, n, c_ctx)
             e = p.expected_tokens_per_step
             e2e = ar_wall / wall(p.step_s, e_rows(n))
-            pairs = [(ar_by_sample[r.sample_id], r) for r in by_arm[arm] if r.sample_id in ar_by_sample]
-            w_ar, w_x = sum(float(a.wall_s) for a, _ in pairs), sum(float(x.wall_s) for _, x in pairs)
-            accepted = [r.accepted for r in by_arm[arm]]
-            toks = sum(len(r.tokens or []) for r in by_arm[arm])
-            w_arm = sum(float(r.wall_s) for r in by_arm[arm])
             k = key(arm)
             out["arms"][k] = {
                 "arm_kind": info[arm][0], "N": n, "model": fam, "batch": batch, "ctx": c_ctx,
-                "in_sample": arm in step_c, "predicted_step_s": p.step_s, "measured_step_s": step_c.get(arm),
-                "predicted_tau": e, "measured_tau": tau_pooled(accepted),
-                "predicted_decode_tokens_per_s": p.tokens_per_s, "predicted_decode_speedup": p.speedup,
-                "predicted_speedup": e2e, "measured_speedup": w_ar / w_x if w_x > 0 else None,
-                "measured_tokens_per_s": toks / w_arm if w_arm > 0 else None, "warnings": list(p.warnings)}
+                "in_sample": arm in step_c, "forward_rows": n + 1, "predicted_step_s": p.step_s,
+                "predicted_tau": e, "predicted_decode_tokens_per_s": p.tokens_per_s,
+                "predicted_decode_speedup": p.speedup, "predicted_speedup": e2e, **measured(arm),
+                "warnings": list(p.warnings)}
             out["predicted"].append(k)
             if n > 0:
                 out["predictions"][k] = e2e
@@ -497,6 +515,24 @@ def _from_records_at(recs, t, key, cal, pred, min_ctx_spread, out) -> None:
             "predicted_end_to_end_speedup": {str(n): v for n, v in e2e_by_n.items()},
             "note": ("within the calibrated N range" if cal_n[0] <= best <= cal_n[-1] else
                      f"outside the calibrated N range {cal_n[0]}..{cal_n[-1]}: step cost extrapolated linearly")}
+
+    policy = [a for a in sorted(info, key=lambda a: (info[a], a)) if info[a][0] in policy_kinds
+              and (pred is None or a in pred or key(a) in pred)]
+    if policy and chain is None:
+        out["skipped"][f"verify policies|T={t:g}"] = (
+            f"{', '.join(policy)}: priced by the chain fit of the {primary_kind()!r} arms, which needs two of their "
+            "N values calibrated")
+    elif policy:
+        model, fam, ar_wall, cal_n = chain
+        for arm in policy:
+            entry = price_policy_arm(by_arm[arm], step_s=lambda rows: model.predict(batch, rows - 1, c_ctx),
+                                     ar_step_s=model.predict(batch, 0, c_ctx), wall=wall, ar_wall=ar_wall,
+                                     sample_ids=sorted(ar_ids), batch=batch, calibrated_rows=(1, max(cal_n) + 1))
+            k = key(arm)
+            out["arms"][k] = {"arm_kind": info[arm][0], "N": info[arm][1], "model": fam, "batch": batch, "ctx": c_ctx,
+                              "in_sample": arm in step_c, **entry, **measured(arm)}
+            out["predicted"].append(k)
+            out["predictions"][k] = entry["predicted_speedup"]
 
 
 def for_report(records: list[Record | dict]) -> tuple[dict, dict[str, float] | None]:

@@ -6,7 +6,10 @@ records have in memory: the runner builds them, `read_records` returns them, and
 cost model, checks, comparison, sharding and W&B read their typed fields. On disk a run
 directory holds `records.jsonl` (one `Record.to_json()` per line, written through
 `dflash2.jsonl`: fsynced, NaN as null) and, for a sharded run, `shards/records.rank<r>.jsonl`;
-reading and writing a file round-trips it byte for byte. `Record.from_json` is the gate every
+reading and writing a file round-trips it byte for byte. Every field is written, None as null,
+except the verify fields (`LATER_FIELDS`: added with the verify policies), which are written
+only when set, so the files of runs made before them (`results/qwen05b_ablation`) still
+round-trip byte for byte. `Record.from_json` is the gate every
 JSON dict passes on its way in: unknown fields and missing required ones are refused with one
 clear error. The public readers also take such dicts (`as_records`), so a test or a script may
 hand them plain JSON rows.
@@ -21,7 +24,8 @@ Rules:
   files); across files concatenated by hand, the later line is the newer measurement, which is
   the one a resumed or repeated run means to keep.
 
-Public: `Record`, `FIELDS`, `REQUIRED`, `ARM_KINDS`, `RECORDS`, `as_records`, `arm_family`, `record_key`,
+Public: `Record`, `FIELDS`, `REQUIRED`, `LATER_FIELDS`, `ARM_KINDS`, `RECORDS`, `as_records`, `arm_family`,
+`verify_of`, `record_key`,
 `dedupe`, `validate`, `exact_of_records`, `append_records`, `rewrite_records`, `read_records`,
 `read_run_records`.
 """
@@ -35,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash2.evaluation.arms import kind_names
+from dflash2.evaluation.arms import MAX_TREE_BUDGET, VERIFY_POLICIES, forward_rows, kind_names, kind_of
 from dflash2.jsonl import append_jsonl, read_jsonl, repair_jsonl, rewrite_jsonl
 
 RECORDS = "records.jsonl"
@@ -77,6 +81,15 @@ class Record:
         (`runner.exact_width`): every target forward's padded width with `exact_impl="rows"`, the
         attention's fixed query tile with `"invariant"`; None otherwise.
         exact_impl: in exact mode, how it ran (`"rows"` or `"invariant"`, as resolved); None otherwise.
+    Verify (`LATER_FIELDS`; None in records written before them, which ran the chain):
+        verify_policy: `speculative_generate`'s `verify=` ("chain", "adaptive", "tree"; "chain"
+        for the AR arm); tree_budget: the tree's nodes per step, root included, exactly when
+        the policy is "tree"; verify_lengths: `[steps]`, each step's verify length (the engine's
+        `SpeculativeOutput.verify_lengths`: N for chain and tree, 1..N for adaptive, 0 for AR),
+        `accepted[k] <= verify_lengths[k]`; verify_rows: `[steps]`, the rows a verify of that
+        step's own length scores (`arms.verify_rows`: L + 1 for chain and adaptive, the budget
+        for tree, 1 for AR). For adaptive that is the ragged count: today's forward scores N + 1
+        (`arms.forward_rows`).
     """
 
     arm: str
@@ -112,6 +125,10 @@ class Record:
     world_size: int | None = None
     exact_block_size: int | None = None
     exact_impl: str | None = None
+    verify_policy: str | None = None
+    tree_budget: int | None = None
+    verify_lengths: list[int] | None = None
+    verify_rows: list[int] | None = None
 
     def __post_init__(self) -> None:
         where = f"record (arm={self.arm!r}, sample_id={self.sample_id!r})"
@@ -126,6 +143,31 @@ class Record:
             raise ValueError(f"{where}: accepted counts {bad[:5]} outside 0..num_speculative_tokens={n}")
         if len(self.accepted) != int(self.steps):
             raise ValueError(f"{where}: {len(self.accepted)} accepted counts for {self.steps} steps")
+        self._check_verify(where, n)
+
+    def _check_verify(self, where: str, n: int) -> None:
+        """The verify fields' contract (class docstring); ValueError naming the record otherwise."""
+        if self.verify_policy is not None and self.verify_policy != kind_of(self.arm_kind).verify:
+            raise ValueError(f"{where}: verify_policy {self.verify_policy!r}, but arm kind {self.arm_kind!r} runs "
+                             f"{kind_of(self.arm_kind).verify!r} (policies: {VERIFY_POLICIES})")
+        if (self.tree_budget is not None) != (self.verify_policy == "tree"):
+            raise ValueError(f"{where}: tree_budget={self.tree_budget} with verify_policy={self.verify_policy!r} "
+                             "(a budget goes with the tree policy, and only with it)")
+        if self.tree_budget is not None and not 1 <= int(self.tree_budget) <= MAX_TREE_BUDGET:
+            raise ValueError(f"{where}: tree_budget={self.tree_budget} outside 1..{MAX_TREE_BUDGET}")
+        for name in ("verify_lengths", "verify_rows"):
+            seq = getattr(self, name)
+            if seq is None:
+                continue
+            if not isinstance(seq, (list, tuple)) or len(seq) != int(self.steps):
+                raise ValueError(f"{where}: {name} must be a list of one value per step ({self.steps} steps)")
+        if self.verify_lengths is not None:
+            bad = [(a, v) for a, v in zip(self.accepted, self.verify_lengths) if not int(a) <= int(v) <= n]
+            if bad:
+                raise ValueError(f"{where}: (accepted, verify length) pairs {bad[:5]} break accepted <= verify "
+                                 f"length <= num_speculative_tokens={n}")
+        if self.verify_rows is not None and any(int(r) < 1 for r in self.verify_rows):
+            raise ValueError(f"{where}: verify_rows must be >= 1 per step")
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> Record:
@@ -143,14 +185,34 @@ class Record:
         return cls(**row)
 
     def to_json(self) -> dict[str, Any]:
-        """Every field as plain JSON types (lists for the token and acceptance sequences)."""
-        out = {f: getattr(self, f) for f in FIELDS}
+        """Every field as plain JSON types (lists for the sequences), None as None, except the
+        `LATER_FIELDS`, which appear only when set (module docstring)."""
+        out = {f: getattr(self, f) for f in FIELDS if f not in LATER_FIELDS or getattr(self, f) is not None}
         out["tokens"], out["accepted"] = list(self.tokens), list(self.accepted)
+        for f in ("verify_lengths", "verify_rows"):
+            if f in out:
+                out[f] = list(out[f])
         return out
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Record))
 REQUIRED = tuple(f.name for f in dataclasses.fields(Record) if f.default is dataclasses.MISSING)
+LATER_FIELDS = ("verify_policy", "tree_budget", "verify_lengths", "verify_rows")  # written only when set
+
+
+def verify_of(rec: Record) -> dict[str, Any]:
+    """A record's verify policy as read by the analyses, also for records written before the
+    verify fields: `policy` (its `verify_policy`, else its kind's declared `ArmKind.verify`),
+    `tree_budget`, `lengths` (per step; N per step when not recorded), `rows` (per step, the
+    recorded `verify_rows`, else the forward's rows) and `forward_rows` (what one step's forward
+    scores, `arms.forward_rows`)."""
+    policy = rec.verify_policy or kind_of(rec.arm_kind).verify
+    n = int(rec.num_speculative_tokens)
+    budget = rec.tree_budget
+    fwd = forward_rows(policy, n, budget) if budget is not None or policy != "tree" else n + 1  # budget unrecorded
+    lengths = list(rec.verify_lengths) if rec.verify_lengths is not None else [n] * int(rec.steps)
+    rows = list(rec.verify_rows) if rec.verify_rows is not None else [fwd] * int(rec.steps)
+    return {"policy": policy, "tree_budget": budget, "lengths": lengths, "rows": rows, "forward_rows": fwd}
 
 
 def as_records(rows: Iterable[Record | Mapping[str, Any]]) -> list[Record]:
@@ -159,13 +221,15 @@ def as_records(rows: Iterable[Record | Mapping[str, Any]]) -> list[Record]:
 
 
 def validate(rows: Iterable[Record | Mapping[str, Any]]) -> list[dict]:
-    """`rows` checked and completed through `Record`, as JSON dicts (every field present, None when unset)."""
+    """`rows` checked and completed through `Record`, as JSON dicts (`Record.to_json`: every field
+    present, None when unset, but the `LATER_FIELDS` only when set)."""
     return [r.to_json() for r in as_records(rows)]
 
 
 def arm_family(arm: str) -> str:
     """An arm's label without its `@N=...`: "dflash2@N=7" -> "dflash2", "oracle@N=3|T=1" ->
-    "oracle|T=1", "ar" -> "ar". The name of that arm's family in plots, tables and the cost model."""
+    "oracle|T=1", "tree32@N=15" -> "tree32", "ar" -> "ar". The name of that arm's family in
+    plots, tables and the cost model (a tree kind's budgets are families of their own)."""
     return re.sub(r"@N=\d+", "", arm)
 
 

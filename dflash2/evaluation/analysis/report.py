@@ -9,16 +9,20 @@
   inline data URIs).
 - `make_figures(summary, predictions=None)`: the matplotlib figures (Agg backend), shared with
   the W&B logger: tau vs N, speedup vs N (95% CIs as error bars), per-position acceptance,
-  accepted-length histogram, tau per dataset, and predicted vs measured speedup when a cost
-  model's `predictions` (arm -> predicted speedup) are given.
+  accepted-length histogram, tau per dataset, tau and speedup against verify rows per step when
+  an arm ran adaptive or tree verify (chain N a line, adaptive points, tree budgets a line), and
+  predicted vs measured speedup when a cost model's `predictions` (arm -> predicted speedup) are
+  given. The same runs get the verify-policy table (`verify_rows`, `VERIFY_COLUMNS`).
 - `arm_colours(arms)`: the one colour of each arm in every figure (a hue per arm family, a
   shade per N within it); every series is labelled with the arms' own names from the records
   (`stats.arm_family` for the series over N). Integer axes (N, draft position, accepted
   length) get integer ticks.
 
 Public: `print_summary`, `write_report`, `make_figures`, `figure_png`, `arm_colours`,
-`summary_rows`, `COLUMNS`, `end_to_end_rows`, `E2E_COLUMNS`, and the cell formatters `fmt_value`,
-`fmt_ci`, `fmt_p`, `fmt_pct`, `md_table` (shared with cross-run comparison reports).
+`summary_rows`, `COLUMNS`, `end_to_end_rows`, `E2E_COLUMNS`, `verify_rows`, `VERIFY_COLUMNS`,
+`has_verify_policies`, and, re-exported from
+`formatting.py` (which has them, free of matplotlib), the cell formatters `fmt_value`, `fmt_ci`,
+`fmt_p`, `fmt_pct`, `fmt_mcnemar_p`, `md_table` (shared with cross-run comparison reports).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import matplotlib
 
@@ -39,63 +43,11 @@ from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from dflash2.evaluation.analysis.formatting import (  # noqa: E402, F401  (the formatters are re-exported)
+    drop_empty, fmt_ci, fmt_mcnemar_p, fmt_p, fmt_pct, fmt_tost_accuracy_p, fmt_value, md_table)
+from dflash2.evaluation.analysis.formatting import fmt_number as _num  # noqa: E402
+from dflash2.evaluation.analysis.formatting import fmt_share as _pct  # noqa: E402
 from dflash2.evaluation.analysis.stats import arm_family  # noqa: E402
-
-# ------------------------------------------------------------------------------ formatting
-
-
-def fmt_value(v: Any, digits: int = 2) -> str:
-    """`v` with `digits` decimals; "-" for None."""
-    return "-" if v is None else f"{v:.{digits}f}"
-
-
-def fmt_ci(v: Any, ci: Any, digits: int = 2) -> str:
-    """"v [low, high]"; just v without a CI; "-" for None."""
-    if v is None:
-        return "-"
-    if not ci or ci[0] is None or ci[1] is None:
-        return fmt_value(v, digits)
-    return f"{v:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
-
-
-def fmt_p(v: Any) -> str:
-    """A p-value: 2 significant digits, scientific below 1e-3; "-" for None."""
-    if v is None:
-        return "-"
-    if v == 0:
-        return "0"
-    return f"{v:.2g}" if v >= 1e-3 else f"{v:.1e}"
-
-
-def fmt_mcnemar_p(mc: dict | None) -> str:
-    """A summary's McNemar result: its p, or "n too small (need >= M discordant)" when the
-    discordant pairs are fewer than the test needs to reach p <= 0.05 (`stats.mcnemar_min_discordant`);
-    "-" without a result."""
-    if not mc:
-        return "-"
-    floor, d = mc.get("n_min_discordant"), mc.get("b_only_arm_correct", 0) + mc.get("c_only_ar_correct", 0)
-    if floor is not None and d < floor:
-        return f"n too small (need >= {floor} discordant)"
-    return fmt_p(mc.get("p"))
-
-
-def fmt_tost_accuracy_p(m: dict) -> str:
-    """A summary block's accuracy TOST: its p, or "n too small (need >= M)" below the pairs the
-    margin needs (`stats.tost_min_pairs`); "-" without a result."""
-    floor, n = m.get("tost_accuracy_n_min"), m.get("n_scored_paired")
-    if m.get("tost_accuracy_p") is not None and floor is not None and n is not None and n < floor:
-        return f"n too small (need >= {floor})"
-    return fmt_p(m.get("tost_accuracy_p"))
-
-
-def fmt_pct(v: Any, ci: Any = None) -> str:
-    """A fraction as percent with one decimal (and its CI in brackets); "-" for None."""
-    if v is None:
-        return "-"
-    if ci and ci[0] is not None:
-        return f"{100 * v:.1f} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
-    return f"{100 * v:.1f}"
-
 
 COLUMNS = ["arm", "N", "n", "tau pooled [95% CI]", "tau per-request [95% CI]", "speedup [95% CI]", "tok/s",
            "accuracy % [95% CI]", "McNemar p", "TOST acc p", "MDE pts", "identical %", "TOST logprob p"]
@@ -130,18 +82,35 @@ def summary_rows(summary: dict, dataset: str | None = None) -> list[list[str]]:
     return rows
 
 
+VERIFY_COLUMNS = ["arm", "verify", "N", "tree budget", "verify rows/step", "forward rows/step", "mean verify length",
+                  "tau pooled [95% CI]", "speedup [95% CI]", "per-depth acceptance d = 1.."]
+
+
+def has_verify_policies(summary: dict) -> bool:
+    """Whether some arm ran a verify policy other than the chain (adaptive, tree)."""
+    return any(e.get("verify_policy") not in (None, "chain") for e in summary["per_arm"].values())
+
+
+def verify_rows(summary: dict) -> list[list[str]]:
+    """Formatted rows (see `VERIFY_COLUMNS`), one per arm: its policy, the mean verify rows per step
+    (adaptive: its ragged L + 1) and forward rows per step, tau and speedup with CIs, and the
+    per-depth acceptance (`analysis/verify.py`)."""
+    rows = []
+    for arm in summary["arms"]:
+        e = summary["per_arm"][arm]
+        o = e["overall"]
+        depth = " ".join("-" if v is None else f"{v:.2f}" for v in o.get("depth_acceptance") or []) or "-"
+        budget = e.get("tree_budget")
+        rows.append([arm, e.get("verify_policy") or "-", str(e["num_speculative_tokens"]),
+                     "-" if budget is None else str(budget), fmt_value(o.get("verify_rows_per_step")),
+                     fmt_value(o.get("forward_rows_per_step")), fmt_value(o.get("verify_length_mean")),
+                     fmt_ci(o.get("tau_pooled"), o.get("tau_pooled_ci")), fmt_ci(o.get("speedup"), o.get("speedup_ci")),
+                     depth])
+    return rows
+
+
 E2E_COLUMNS = ["arm", "samples timed", "tokens", "total s", "ms/token end to end", "ms/token generation",
                "ms/sample", "host %", "analysis %"]
-
-
-def _num(v: Any, digits: int) -> str:
-    """`v` with `digits` decimals; "-" for None and NaN (nothing timed; NaN is null in summary.json)."""
-    return "-" if v is None or v != v else f"{v:.{digits}f}"
-
-
-def _pct(f: Any, digits: int = 1) -> str:
-    """A fraction as percent; "-" for None and NaN."""
-    return "-" if f is None or f != f else f"{100 * f:.{digits}f}"
 
 
 def _e2e_where(e2e: dict) -> str:
@@ -201,14 +170,8 @@ def _end_to_end_lines(summary: dict) -> list[str]:
     return lines
 
 
-def _drop_empty(header: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
-    """Drop columns that are "-" in every row (e.g. no accuracy on MT-Bench, no TOST at T = 0)."""
-    keep = [i for i in range(len(header)) if i == 0 or any(r[i] != "-" for r in rows)] if rows else range(len(header))
-    return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
-
-
 def _text_table(header: list[str], rows: list[list[str]]) -> str:
-    header, rows = _drop_empty(header, rows)
+    header, rows = drop_empty(header, rows)
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     line = "  ".join("-" * w for w in widths)
     fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
@@ -216,8 +179,9 @@ def _text_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def print_summary(summary: dict, file: TextIO | None = None) -> None:
-    """Print the terminal summary: overall table, one table per dataset, one end-to-end line per
-    arm (when the summary has the runner's `end_to_end`), then the notes."""
+    """Print the terminal summary: overall table, one table per dataset, the verify-policy table
+    (when an arm ran adaptive or tree verify), one end-to-end line per arm (when the summary has
+    the runner's `end_to_end`), then the notes."""
     out = file or sys.stdout
     temps = ", ".join(f"{t:g}" for t in summary.get("temperatures", []))
     print(f"\n{summary['n_samples']} samples ({', '.join(summary['datasets'])}), T = {temps}; "
@@ -230,6 +194,9 @@ def print_summary(summary: dict, file: TextIO | None = None) -> None:
         for ds in summary["datasets"]:
             print(f"\n[{ds}]", file=out)
             print(_text_table(COLUMNS, summary_rows(summary, ds)), file=out)
+    if has_verify_policies(summary):
+        print("\nverify policies (rows per step: what a verify of the step's own length scores):", file=out)
+        print(_text_table(VERIFY_COLUMNS, verify_rows(summary)), file=out)
     for line in _end_to_end_lines(summary):
         print(line, file=out)
     for note in summary.get("notes", []):
@@ -406,6 +373,43 @@ def _prediction_figure(summary: dict, predictions: dict[str, float]) -> Figure:
     return _finish(fig, ax)
 
 
+def _verify_rows_figure(summary: dict) -> Figure:
+    """tau (left) and wall-clock speedup (right) against verify rows per step, one series per kind of
+    the drafter's arms (`summary["vs_rows"]`): chain and tree as lines through their N or budgets,
+    adaptive as points at its mean L + 1 (its forward scores N + 1 today); 95% CIs as error bars."""
+    colours = arm_colours(summary["arms"])
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.2), dpi=100)
+    for ax, key, ylabel in ((axes[0], "tau_pooled", "tau pooled (incl. bonus)"),
+                            (axes[1], "speedup", "speedup vs AR (wall time)")):
+        for fam, s in summary.get("vs_rows", {}).items():
+            pts = [(a, x, v, c, n, b) for a, x, v, c, n, b in zip(s["arms"], s["verify_rows"], s[key], s[f"{key}_ci"],
+                                                                  s["N"], s["tree_budget"]) if v is not None]
+            if not pts:
+                continue
+            arms, xs, vs, cs, ns, bs = zip(*pts)
+            adaptive = s.get("verify_policy") == "adaptive"
+            # the family's colour of the other plots; a tree's budgets (families there) take its largest's
+            colour = colours.get(fam, colours.get(arms[-1], AR_COLOUR))
+            if not adaptive:
+                ax.plot(xs, vs, color=colour, linewidth=1.2)
+            err = _err(list(vs), list(cs))
+            label = f"{fam} ({s.get('verify_policy')})"
+            for i in range(len(arms)):
+                ax.errorbar([xs[i]], [vs[i]], yerr=None if err is None else ([err[0][i]], [err[1][i]]),
+                            marker="D" if adaptive else "o", linestyle="none", capsize=4, color=colour,
+                            label=label if i == 0 else None)
+                ax.annotate(f"B={bs[i]}" if bs[i] is not None else f"N={ns[i]}", (xs[i], vs[i]), fontsize=7,
+                            textcoords="offset points", xytext=(4, 4))
+        ax.axhline(1.0, color=AR_COLOUR, linewidth=1, linestyle=":", label="ar")
+        ax.set_xlabel("verify rows per step (chain N + 1, adaptive mean L + 1, tree budget)")
+        ax.set_ylabel(ylabel)
+        _finish(fig, ax)
+    axes[0].set_title("tau vs verify rows per step (95% CI)")
+    axes[1].set_title("Speedup vs verify rows per step (95% CI)")
+    fig.tight_layout()
+    return fig
+
+
 def make_figures(summary: dict, predictions: dict[str, float] | None = None) -> dict[str, Figure]:
     """Named matplotlib figures for the summary (caller closes them: `plt.close(fig)`)."""
     figs: dict[str, Figure] = {}
@@ -419,6 +423,8 @@ def make_figures(summary: dict, predictions: dict[str, float] | None = None) -> 
         figs["accepted_length_histogram"] = _histogram_figure(summary)
         if len(summary["datasets"]) > 1:
             figs["tau_by_dataset"] = _dataset_figure(summary)
+    if has_verify_policies(summary) and summary.get("vs_rows"):
+        figs["tau_speedup_vs_verify_rows"] = _verify_rows_figure(summary)
     if predictions:
         figs["predicted_vs_measured_speedup"] = _prediction_figure(summary, predictions)
     return figs
@@ -434,18 +440,8 @@ def figure_png(fig: Figure) -> bytes:
 # ------------------------------------------------------------------------------ documents
 
 
-def md_table(header: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table; columns that are "-" in every row are dropped."""
-    header, rows = _drop_empty(header, rows)
-    esc = lambda c: str(c).replace("|", "\\|")  # noqa: E731
-    return "\n".join(["| " + " | ".join(map(esc, header)) + " |", "|" + "---|" * len(header),
-                      *("| " + " | ".join(map(esc, r)) + " |" for r in rows)])
-
-
-
-
 def _html_table(header: list[str], rows: list[list[str]]) -> str:
-    header, rows = _drop_empty(header, rows)
+    header, rows = drop_empty(header, rows)
     th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
@@ -456,6 +452,9 @@ def _sections(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     out = [("All datasets", COLUMNS, summary_rows(summary))]
     if len(summary["datasets"]) > 1:
         out += [(f"Dataset: {ds}", COLUMNS, summary_rows(summary, ds)) for ds in summary["datasets"]]
+    if has_verify_policies(summary):
+        out.append(("Verify policies (rows per step: what a verify of the step's own length scores; forward rows: "
+                    "what today's forward scores)", VERIFY_COLUMNS, verify_rows(summary)))
     cat_rows = []
     for arm in summary["arms"]:
         for cat, m in summary["per_arm"][arm].get("by_category", {}).items():

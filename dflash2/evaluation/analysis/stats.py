@@ -25,6 +25,10 @@ tests. The conventions, also written into every summary under `"conventions"`:
   "n too small (need >= M)" instead of the p-value.
 - At T > 0, TOST on the target's mean per-token log-probability of the generated text vs AR
   within +-`logprob_margin` nats/token: a distribution-level losslessness check without a scorer.
+- **Verify policies** (`dflash2.evaluation.analysis.verify`): per arm its `verify_policy` and
+  `tree_budget`, the mean verify rows and forward rows per step, and the per-depth acceptance
+  P(depth d accepted | depth d - 1 accepted, d within the step's verify length); `vs_rows`
+  holds the drafter's arms by verify rows (chain, adaptive, tree) for the plot over rows.
 
 Public: `mcnemar_exact`, `tost_paired`, `mcnemar_min_discordant`, `tost_min_pairs`, `paired_bootstrap_ci`,
 `bootstrap_ci`, `mcnemar_mde`, `acceptance`, `batch_key`, `batch_totals`, `summarize`, `conventions`,
@@ -45,6 +49,8 @@ from dflash2.engine.stats import (accepted_length_histogram, per_position_accept
                                   tau_per_request_mean, tau_pooled)
 from dflash2.evaluation.arms import kind_of
 from dflash2.evaluation.analysis.records import Record, arm_family, as_records, dedupe
+from dflash2.evaluation.analysis.verify import CONVENTIONS as VERIFY_CONVENTIONS
+from dflash2.evaluation.analysis.verify import arm_policy, verify_metrics, vs_rows
 
 CONFIDENCE = 0.95
 ALPHA = 1 - CONFIDENCE   # the level of the paired tests
@@ -258,9 +264,10 @@ def _arm_key(rec: Record, multi_t: bool) -> str:
 
 
 def _sort_key(arm: str, info: dict) -> tuple:
-    # Per temperature, the arm kinds in their registered order (`ArmKind.order`: AR first), then N.
+    # Per temperature, the arm kinds in their registered order (`ArmKind.order`: AR first), then N,
+    # then the tree budget.
     return (float(info["temperature"]), kind_of(info["arm_kind"]).order, info["arm_kind"],
-            int(info["num_speculative_tokens"]), arm)
+            int(info["num_speculative_tokens"]), int(info.get("tree_budget") or 0), arm)
 
 
 def acceptance(recs: list[Record], N: int, n_resamples: int = 2000, seed: int = 0,
@@ -364,6 +371,7 @@ def _metrics(recs: list[Record], info: dict, ar: dict[str, Record] | None, n_res
                          "tokens_per_s": tokens / wall if wall > 0 else None,
                          "finish_reasons": dict(Counter(r.finish_reason for r in recs))}
     m.update(acceptance(recs, N, n_resamples, seed, with_position_ci))
+    m.update(verify_metrics(recs, N))
     lps = [r.logprob_mean for r in recs if r.logprob_mean is not None]
     m["logprob_mean"] = float(np.mean(lps)) if lps else None
     scored = [bool(r.correct) for r in recs if r.correct is not None]
@@ -396,8 +404,10 @@ def summarize(records: list[Record | dict], *, n_resamples: int = 2000, seed: in
         logprob_margin: TOST margin on the mean per-token log-probability (nats/token), T > 0.
     Returns:
         dict with `arms` (ordered labels), `n_samples`, `datasets`, `conventions`, `notes`,
-        `per_arm[arm]` = {arm_kind, num_speculative_tokens, temperature, overall, by_dataset,
-        by_category}, and `vs_n[arm_kind]` = per-N series (tau, speedup with CIs) for plots.
+        `per_arm[arm]` = {arm_kind, num_speculative_tokens, temperature, verify_policy, tree_budget,
+        overall, by_dataset, by_category}, `vs_n[arm family]` = per-N series (tau, speedup with
+        CIs) for plots, and `vs_rows[series]` = the drafter's arms over verify rows per step
+        (`verify.vs_rows`).
         Arms are labelled by `arm`, suffixed `|T=...` when the records hold several temperatures.
     """
     kept = dedupe(as_records(records))
@@ -408,6 +418,8 @@ def summarize(records: list[Record | dict], *, n_resamples: int = 2000, seed: in
         arm = _arm_key(r, multi_t)
         by_arm[arm].append(r)
         info.setdefault(arm, {k: getattr(r, k) for k in ("arm_kind", "num_speculative_tokens", "temperature")})
+    for arm, recs in by_arm.items():
+        info[arm].update(arm_policy(recs))
     arms = sorted(by_arm, key=lambda a: _sort_key(a, info[a]))
     ar_of_t = {float(info[a]["temperature"]): {r.sample_id: r for r in by_arm[a]}
                for a in arms if kind_of(info[a]["arm_kind"]).baseline}
@@ -443,7 +455,7 @@ def summarize(records: list[Record | dict], *, n_resamples: int = 2000, seed: in
                                     if "speedup_batches" in e["overall"]}),
         "settings": {"n_resamples": n_resamples, "seed": seed, "accuracy_margin": accuracy_margin,
                      "logprob_margin": logprob_margin},  # what re-summarizing the records needs
-        "per_arm": per_arm, "vs_n": _vs_n(arms, per_arm), "notes": notes,
+        "per_arm": per_arm, "vs_n": _vs_n(arms, per_arm), "vs_rows": vs_rows(arms, per_arm), "notes": notes,
     })
 
 
@@ -508,4 +520,5 @@ def conventions(n_resamples: int, seed: int, accuracy_margin: float, logprob_mar
                         "normal approximation (Connor 1987) at the observed discordance",
         "tost_logprob": f"T > 0 only: paired TOST on the target's mean per-token log-probability of the "
                         f"generated text, margin {logprob_margin} nats/token",
+        **VERIFY_CONVENTIONS,
     }

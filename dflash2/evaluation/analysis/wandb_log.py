@@ -3,11 +3,13 @@
 `log_run` writes one W&B run (mode `online`, `offline` or `disabled`, from `LoggerSpec`):
 
 - **summary**: flat keys `"<arm>/<metric>"` (tau pooled / per-request with CI bounds, speedup
-  with CI bounds, accuracy, McNemar p, TOST p, MDE, identity fraction, tokens/s) and
+  with CI bounds, accuracy, McNemar p, TOST p, MDE, identity fraction, tokens/s, verify rows
+  and forward rows per step, mean verify length) and
   `"<arm>/<dataset>/<metric>"`, plus `n_samples`;
 - **series** for line plots over a custom x axis (`wandb.define_metric`): `vs_n/<kind>/<metric>`
-  against `n_spec` (tau and speedup vs N) and `acceptance/<arm>` against `position`
-  (per-position acceptance);
+  against `n_spec` (tau and speedup vs N), `acceptance/<arm>` against `position`
+  (per-position acceptance) and `depth_acceptance/<arm>` against `position` (per-depth
+  acceptance within each step's verify length, `analysis/verify.py`);
 - **tables**: `records` (one row per record) and `summary_table` (the terminal table);
 - **plots**: the report's matplotlib figures as images `plots/<name>`.
 
@@ -28,19 +30,21 @@ from pathlib import Path
 from typing import Any
 
 from dflash2.engine.stats import tau_pooled
-from dflash2.evaluation.analysis.records import FIELDS, Record, as_records
+from dflash2.evaluation.analysis.records import FIELDS, Record, as_records, verify_of
 from dflash2.runconfig import LoggerSpec
 
 MODES = ("disabled", "offline", "online")
 OVERALL_KEYS = ("tau_pooled", "tau_per_request", "speedup", "accuracy", "tokens_per_s", "identical_fraction",
                 "tost_accuracy_p", "mde_accuracy", "accuracy_diff", "tost_logprob_p", "logprob_diff", "logprob_mean",
-                "steps_total", "tokens_total", "wall_s_total", "n")
+                "steps_total", "tokens_total", "wall_s_total", "n", "verify_rows_per_step", "forward_rows_per_step",
+                "verify_length_mean")
 CI_KEYS = ("tau_pooled_ci", "tau_per_request_ci", "speedup_ci", "accuracy_ci")
 DATASET_KEYS = ("tau_pooled", "tau_per_request", "speedup", "accuracy", "identical_fraction")
 # The `records` table: every scalar field of `records.Record` (its sequences and the departure dict
-# are summarized by `new_tokens` and `tau`), then those two derived columns.
-RECORD_FIELD_COLUMNS = [f for f in FIELDS if f not in ("tokens", "accepted", "departure")]
-RECORD_COLUMNS = RECORD_FIELD_COLUMNS + ["new_tokens", "tau"]
+# are summarized by `new_tokens`, `tau` and `verify_rows_per_step`), then those derived columns.
+RECORD_FIELD_COLUMNS = [f for f in FIELDS if f not in ("tokens", "accepted", "departure", "verify_lengths",
+                                                       "verify_rows")]
+RECORD_COLUMNS = RECORD_FIELD_COLUMNS + ["new_tokens", "tau", "verify_rows_per_step"]
 TEXT_CHARS = 2000  # of each record's text in the table
 
 
@@ -66,13 +70,15 @@ def flat_metrics(summary: dict) -> dict[str, Any]:
 
 
 def _record_rows(records: list[Record | dict]) -> list[list[Any]]:
-    """One row per record, in `RECORD_COLUMNS` order (tau: None for a record without steps)."""
+    """One row per record, in `RECORD_COLUMNS` order (tau and verify rows per step: None for a
+    record without steps; the rows as `records.verify_of` reads them)."""
     rows = []
     for r in as_records(records):
         tau = tau_pooled([r.accepted]) if r.accepted else None
         row = [getattr(r, f) for f in RECORD_FIELD_COLUMNS]
         row[RECORD_FIELD_COLUMNS.index("text")] = (r.text or "")[:TEXT_CHARS]
-        rows.append(row + [len(r.tokens), tau])
+        v_rows = sum(verify_of(r)["rows"]) / r.steps if r.steps else None
+        rows.append(row + [len(r.tokens), tau, v_rows])
     return rows
 
 
@@ -108,9 +114,12 @@ def build_report(run_or_path, summary: dict, *, entity: str | None = None, title
         raise ValueError("build_report: the run has no entity (offline run?); pass entity=<your W&B entity>")
     spec_arms = [a for a in summary["arms"] if summary["per_arm"][a]["num_speculative_tokens"] > 0]
     kinds = list(summary["vs_n"])
+    from dflash2.evaluation.analysis.report import has_verify_policies
+
+    policies = has_verify_policies(summary)
     if plot_names is None:
         plot_names = ["tau_vs_n", "speedup_vs_n", "per_position_acceptance", "accepted_length_histogram",
-                      "tau_by_dataset"]
+                      "tau_by_dataset"] + (["tau_speedup_vs_verify_rows"] if policies else [])
     temps = ", ".join(f"{t:g}" for t in summary.get("temperatures", []))
     panels = [
         wr.LinePlot(title="tau (pooled, incl. bonus) vs N", x="n_spec",
@@ -126,6 +135,13 @@ def build_report(run_or_path, summary: dict, *, entity: str | None = None, title
         wr.WeavePanelSummaryTable(table_name="summary_table"),
         wr.WeavePanelSummaryTable(table_name="records"),
     ]
+    if policies:  # after the per-arm bars: verify rows per step and per-depth acceptance
+        panels[5:5] = [
+            wr.BarPlot(title="verify rows per step per arm", metrics=[f"{a}/verify_rows_per_step" for a in spec_arms],
+                       orientation="v"),
+            wr.LinePlot(title="per-depth acceptance (within each step's verify length)", x="position",
+                        y=[f"depth_acceptance/{a}" for a in spec_arms], title_x="depth d",
+                        title_y="P(depth d accepted | d - 1 accepted, d <= L)")]
     if any(summary["per_arm"][a]["overall"].get("n_scored") for a in summary["arms"]):
         panels.insert(5, wr.BarPlot(title="accuracy per arm", metrics=[f"{a}/accuracy" for a in summary["arms"]],
                                     orientation="v"))
@@ -177,14 +193,19 @@ def log_run(summary: dict, records: list[Record | dict], logger: LoggerSpec, con
         run.define_metric("vs_n/*", step_metric="n_spec")
         run.define_metric("position")
         run.define_metric("acceptance/*", step_metric="position")
+        run.define_metric("depth_acceptance/*", step_metric="position")
         for kind, s in summary["vs_n"].items():
             for i, n in enumerate(s["N"]):
                 run.log({"n_spec": n, **{f"vs_n/{kind}/{k}": s[k][i] for k in ("tau_pooled", "tau_per_request",
                                                                                    "speedup") if s[k][i] is not None}})
         for arm in summary["arms"]:
-            for i, v in enumerate(summary["per_arm"][arm]["overall"]["per_position_acceptance"], start=1):
+            o = summary["per_arm"][arm]["overall"]
+            for i, v in enumerate(o["per_position_acceptance"], start=1):
                 if v is not None:
                     run.log({"position": i, f"acceptance/{arm}": v})
+            for i, v in enumerate(o.get("depth_acceptance") or [], start=1):
+                if v is not None:
+                    run.log({"position": i, f"depth_acceptance/{arm}": v})
         figs = make_figures(summary, predictions)
         images = {}
         for name, fig in figs.items():

@@ -14,10 +14,27 @@ read what the kind declares. A new arm is one module here plus its switch in `Ar
     dflash2@N=n        the checkpoint itself (selector walk for DFlash2, argmax for v1); kind "spec"
     selector_off@N=n   the same checkpoint, per-slot argmax instead of the selector walk
                        (the engine's v1 path on a v2 model): isolates the selector's effect
+    adaptive@N=n       the checkpoint with `verify="adaptive"`: each row's verify length in 1..N
+                       set by its own earlier steps (`dflash2.engine.verify`)
+    tree<B>@N=n        the checkpoint with `verify="tree", tree_budget=B`: one arm per budget B
+                       (`arms.tree_budgets`, default 16, 32, 64), e.g. `tree32@N=15`
     oracle@N=n         `OracleProposer` over the AR arm's tokens (controlled acceptance)
 
+Label grammar: `f"{family}@N={n}"`, or `f"{family}{B}@N={n}"` for a kind with tree budgets; the
+baseline is `family` alone. `records.arm_family` strips the `@N=n` ("tree32@N=15" -> "tree32"),
+so each budget is its own family in the plots over N; the plot over verify rows groups by kind.
+
+Verify policy (`ArmKind.verify`): what the runner passes to `speculative_generate` as `verify=`
+(and, for "tree", `tree_budget=` from the `Arm`); `Arm.verify_kwargs` is that argument set, empty
+for "chain" (the engine's default), so chain arms call the engine exactly as before. The rows a
+step's target forward scores (`forward_rows`) and the rows a ragged verify of the step's own
+length would score (`verify_rows`) are this package's rules, read by the records and the cost
+model: chain N + 1 and N + 1; adaptive N + 1 (today's forward keeps the block) and L + 1; tree
+B and B.
+
 Public: `ArmKind`, `Arm`, `DraftContext`, `register`, `registered`, `kind_of`, `kind_names`,
-`baseline`, `drafter_kinds`, `primary_kind`, `build_arms`, `draft_for_arm`, `SelectorOffProposer`.
+`baseline`, `drafter_kinds`, `primary_kind`, `build_arms`, `draft_for_arm`, `SelectorOffProposer`,
+`VERIFY_POLICIES`, `MAX_TREE_BUDGET`, `forward_rows`, `verify_rows`.
 """
 
 from __future__ import annotations
@@ -47,6 +64,40 @@ def _configured_ns(arms_cfg) -> list[int]:
     return sorted(set(int(n) for n in arms_cfg.num_speculative_tokens))
 
 
+# The engine's verify policies and tree-budget cap (`dflash2.engine.verify.VERIFY_POLICIES`,
+# `dflash2.engine.inputs.MAX_TREE_BUDGET`), restated so that the records layer stays free of
+# torch; tests/evaluation/test_verify_policies.py checks they agree.
+VERIFY_POLICIES = ("chain", "adaptive", "tree")
+MAX_TREE_BUDGET = 64
+
+
+def forward_rows(policy: str, n: int, tree_budget: int | None = None) -> int:
+    """Rows one step's target forward scores: N + 1 for "chain" and "adaptive" (the block keeps
+    its N + 1 slots whatever the step's length), `tree_budget` for "tree" (its nodes, root
+    included); 1 for the AR arm (N = 0, any policy)."""
+    if policy not in VERIFY_POLICIES:
+        raise ValueError(f"verify policy {policy!r} is not one of {VERIFY_POLICIES}")
+    if n == 0:
+        return 1
+    if policy == "tree":
+        if tree_budget is None:
+            raise ValueError("verify policy 'tree' needs its tree_budget")
+        return int(tree_budget)
+    return int(n) + 1
+
+
+def verify_rows(policy: str, lengths: Sequence[int], tree_budget: int | None = None) -> list[int]:
+    """Per step, the rows a verify of the step's own length scores, from the engine's per-step
+    verify lengths (`SpeculativeOutput.verify_lengths[b]`): `L + 1` for "chain" and "adaptive"
+    (for adaptive the ragged count: today's forward still scores N + 1, `forward_rows`),
+    `tree_budget` for "tree" (its lengths are N; 1 at N = 0)."""
+    if policy not in VERIFY_POLICIES:
+        raise ValueError(f"verify policy {policy!r} is not one of {VERIFY_POLICIES}")
+    if policy == "tree":
+        return [int(tree_budget) if int(n) > 0 else 1 for n in lengths]
+    return [int(n) + 1 for n in lengths]
+
+
 @dataclass(frozen=True)
 class ArmKind:
     """One kind of arm: everything the evaluation needs to know of it.
@@ -73,6 +124,10 @@ class ArmKind:
             (ratios against the primary arm, dashed lines).
         num_speculative_tokens: `ArmsSpec -> N values` (sorted, unique); default
             `arms.num_speculative_tokens`.
+        verify: the engine's verify policy its arms run (`VERIFY_POLICIES`; `speculative_generate`'s
+            `verify=`): "chain" (default), "adaptive" or "tree".
+        tree_budgets: "tree" kinds only: `ArmsSpec -> budgets` (sorted, unique, each in
+            2..`MAX_TREE_BUDGET`); one arm per (N, budget), labelled `f"{family}{B}@N={n}"`.
     """
 
     name: str
@@ -87,24 +142,53 @@ class ArmKind:
     accept_check: str | None = None
     compare_suffix: str | None = None
     num_speculative_tokens: Callable[[Any], list[int]] = _configured_ns
+    verify: str = "chain"
+    tree_budgets: Callable[[Any], list[int]] | None = None
 
     def __post_init__(self):
         if self.accept_check not in (None, "oracle", "draft"):
             raise ValueError(f"arm kind {self.name!r}: accept_check must be None, 'oracle' or 'draft'")
+        if self.verify not in VERIFY_POLICIES:
+            raise ValueError(f"arm kind {self.name!r}: verify must be one of {VERIFY_POLICIES}")
+        if (self.verify == "tree") != (self.tree_budgets is not None):
+            raise ValueError(f"arm kind {self.name!r}: tree_budgets goes with verify='tree', and only with it")
+        if self.baseline and self.verify != "chain":
+            raise ValueError(f"arm kind {self.name!r}: the baseline runs AR (N = 0), whose policy is 'chain'")
 
 
 @dataclass(frozen=True)
 class Arm:
-    """`label` is unique ("ar", "dflash2@N=7", ...); `kind` is a registered `ArmKind.name`."""
+    """`label` is unique ("ar", "dflash2@N=7", "tree32@N=15", ...); `kind` is a registered
+    `ArmKind.name`; `tree_budget` is set exactly for the arms of a "tree" kind."""
 
     label: str
     kind: str
     num_speculative_tokens: int
+    tree_budget: int | None = None
 
     @property
     def spec(self) -> ArmKind:
         """Its registered `ArmKind`."""
         return kind_of(self.kind)
+
+    @property
+    def verify(self) -> str:
+        """Its verify policy (its kind's `verify`; "chain" for the AR arm)."""
+        return self.spec.verify
+
+    @property
+    def verify_kwargs(self) -> dict[str, Any]:
+        """What `speculative_generate` gets for its policy: {} for "chain" (the engine's default),
+        {"verify": "adaptive"}, or {"verify": "tree", "tree_budget": B}."""
+        if self.verify == "chain":
+            return {}
+        if self.verify == "tree":
+            return {"verify": "tree", "tree_budget": self.tree_budget}
+        return {"verify": self.verify}
+
+    def verify_rows(self, lengths: Sequence[int]) -> list[int]:
+        """Per step, the rows a verify of the step's own length scores (module `verify_rows`)."""
+        return verify_rows(self.verify, lengths, self.tree_budget)
 
 
 _REGISTRY: dict[str, ArmKind] = {}
@@ -168,14 +252,18 @@ def build_arms(arms_cfg, *, has_draft: bool, draft_has_selector: bool) -> list[A
         has_draft: a draft is available (kinds that `uses_draft` need one).
         draft_has_selector: False for v1 checkpoints (kinds that `requires_selector` are skipped).
     Returns:
-        list of `Arm`, labels unique.
+        list of `Arm`, labels unique (a tree kind: one per N and budget, budgets ascending).
     """
     base = baseline()
     arms = [Arm(base.family, base.name, 0)]
     for k in enabled(arms_cfg):
         if (k.uses_draft and not has_draft) or (k.requires_selector and not draft_has_selector):
             continue
-        arms += [Arm(f"{k.family}@N={n}", k.name, n) for n in k.num_speculative_tokens(arms_cfg)]
+        ns = k.num_speculative_tokens(arms_cfg)
+        if k.tree_budgets is None:
+            arms += [Arm(f"{k.family}@N={n}", k.name, n) for n in ns]
+        else:
+            arms += [Arm(f"{k.family}{b}@N={n}", k.name, n, b) for n in ns for b in k.tree_budgets(arms_cfg)]
     return arms
 
 
@@ -204,5 +292,6 @@ _discover(sorted(m.name for m in pkgutil.iter_modules(__path__)
 
 from dflash2.evaluation.arms.selector_off import SelectorOffProposer  # noqa: E402  (re-exported)
 
-__all__ = ["Arm", "ArmKind", "DraftContext", "SelectorOffProposer", "baseline", "build_arms", "draft_for_arm",
-           "drafter_kinds", "enabled", "kind_names", "kind_of", "primary_kind", "register", "registered"]
+__all__ = ["MAX_TREE_BUDGET", "VERIFY_POLICIES", "Arm", "ArmKind", "DraftContext", "SelectorOffProposer", "baseline",
+           "build_arms", "draft_for_arm", "drafter_kinds", "enabled", "forward_rows", "kind_names", "kind_of",
+           "primary_kind", "register", "registered", "verify_rows"]

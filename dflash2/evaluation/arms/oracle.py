@@ -28,5 +28,5 @@ def make_draft(arm: Arm, ctx: DraftContext):
     return OracleProposer(ctx.references, ctx.seeds, **kw)
 
 
-KIND = register(ArmKind(name="oracle", family="oracle", flag="oracle", order=3, needs_references=True,
+KIND = register(ArmKind(name="oracle", family="oracle", flag="oracle", order=5, needs_references=True,
                         accept_check="oracle", num_speculative_tokens=_ns, make_draft=make_draft))

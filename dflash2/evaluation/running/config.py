@@ -55,15 +55,27 @@ class ArmsSpec:
     have no selector). `oracle`: proposes the AR arm's own tokens, each slot right with
     probability `oracle_accept_prob` (a controlled acceptance rate, for checks and cost models),
     at each N in `oracle_num_speculative_tokens` (null = `num_speculative_tokens`).
+
+    Verify policies of the same checkpoint (`speculative_generate`'s `verify=`, issue 43):
+    `adaptive`: `adaptive@N=n`, each row's verify length in 1..N set by its own earlier steps, at
+    each N in `adaptive_num_speculative_tokens` (null = `num_speculative_tokens`). `tree`: one arm
+    `tree<B>@N=n` per budget B in `tree_budgets` (nodes of each step's token tree, root included,
+    each in 2..64: a tree of 1 node verifies nothing) at each N in `tree_num_speculative_tokens`
+    (null = `num_speculative_tokens`). Both off by default; v1 checkpoints run them too.
     """
 
     ar: bool = True
     dflash2: bool = True
     selector_off: bool = True
     oracle: bool = False
+    adaptive: bool = False
+    tree: bool = False
     num_speculative_tokens: list[int] = field(default_factory=lambda: [1, 2, 3, 5, 7, 10, 15])
     oracle_num_speculative_tokens: list[int] | None = None
     oracle_accept_prob: float = 0.8
+    adaptive_num_speculative_tokens: list[int] | None = None
+    tree_num_speculative_tokens: list[int] | None = None
+    tree_budgets: list[int] = field(default_factory=lambda: [16, 32, 64])
 
 
 @dataclass
@@ -196,9 +208,13 @@ def validate(cfg: Any) -> None:
         raise ValueError(f"top_k={cfg.top_k}: must be >= 0 (0 = off)")
     if cfg.batch_size < 1:
         raise ValueError(f"batch_size={cfg.batch_size}: must be >= 1")
-    ns = list(cfg.arms.num_speculative_tokens) + list(cfg.arms.oracle_num_speculative_tokens or [])
-    if any(n < 1 for n in ns):
-        raise ValueError(f"arms.num_speculative_tokens has values < 1 ({ns}); the AR arm is arms.ar")
+    arms = cfg.arms
+    for key in ("num_speculative_tokens", "oracle_num_speculative_tokens", "adaptive_num_speculative_tokens",
+                "tree_num_speculative_tokens"):
+        ns = getattr(arms, key, None)
+        if ns is not None and any(int(n) < 1 for n in ns):
+            raise ValueError(f"arms.{key}={list(ns)} has values < 1; use N >= 1 (the AR arm is arms.ar)")
+    _validate_tree_budgets(arms)
     from dflash2.engine.compiled import COMPILE_LEVELS
 
     level = getattr(cfg, "compile_level", None)
@@ -250,6 +266,22 @@ def validate(cfg: Any) -> None:
                          f"{' or '.join(f + '=true' for f in flags)}, or checks.{check}_min_accepted=null")
     if not 0.0 <= cfg.arms.oracle_accept_prob <= 1.0:
         raise ValueError(f"arms.oracle_accept_prob={cfg.arms.oracle_accept_prob}: must be in [0, 1]")
+
+
+def _validate_tree_budgets(arms: Any) -> None:
+    """`arms.tree_budgets`: a non-empty list of node counts in 2..`MAX_TREE_BUDGET` when `arms.tree`
+    is on (checked also when off, so a preset's typo surfaces before the switch is flipped)."""
+    from dflash2.evaluation.arms import MAX_TREE_BUDGET
+
+    budgets = list(getattr(arms, "tree_budgets", None) or [])
+    bad = [b for b in budgets if not 2 <= int(b) <= MAX_TREE_BUDGET]
+    if bad:
+        raise ValueError(f"arms.tree_budgets={budgets}: {bad} outside 2..{MAX_TREE_BUDGET} (nodes of each step's "
+                         f"token tree, root included: 1 node verifies no drafted token, the engine takes at most "
+                         f"{MAX_TREE_BUDGET})")
+    if getattr(arms, "tree", False) and not budgets:
+        raise ValueError("arms.tree=true with arms.tree_budgets=[]: give the budgets, e.g. [16,32,64], or set "
+                         "arms.tree=false")
 
 
 def to_container(cfg: Any) -> dict:

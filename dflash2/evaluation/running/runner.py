@@ -377,7 +377,7 @@ class EvalRunner:
             d = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl)
             speculative_generate(self.target, d, [prompt], max_new_tokens=4,
                                  num_speculative_tokens=arm.num_speculative_tokens,
-                                 temperature=self.cfg.temperature, seed=0)
+                                 temperature=self.cfg.temperature, seed=0, **arm.verify_kwargs)
         del ar
 
     def _clock(self) -> float:
@@ -410,6 +410,7 @@ class EvalRunner:
         attention = getattr(cfg, "attention_impl", "auto")
         if attention != "auto":
             kw["attention_impl"] = attention
+        kw.update(arm.verify_kwargs)  # its kind's verify policy (and tree budget); {} for the chain
         t0 = self._clock()
         try:
             out = speculative_generate(
@@ -446,7 +447,9 @@ class EvalRunner:
                 target=cfg.target.name, draft_path=cfg.draft_path,
                 num_draft_layers=(int(self.draft.config.num_hidden_layers)
                                   if self.draft is not None and arm.spec.uses_draft else None),
-                exact_block_size=self.exact_width, exact_impl=self.exact_impl, **compared, **extra, **fields))
+                exact_block_size=self.exact_width, exact_impl=self.exact_impl, verify_policy=arm.verify,
+                tree_budget=arm.tree_budget, verify_lengths=list(map(int, out.verify_lengths[b])),
+                verify_rows=arm.verify_rows(out.verify_lengths[b]), **compared, **extra, **fields))
         if timing is not None:
             timing.generation_s += wall
             timing.score_s += score_s

@@ -1,0 +1,27 @@
+"""The tree-verify arms (`tree<B>@N=n`, e.g. `tree32@N=15`): the drafter checkpoint with
+`speculative_generate(..., verify="tree", tree_budget=B)`, one arm per budget B of
+`arms.tree_budgets` (default 16, 32, 64) at each N of `arms.tree_num_speculative_tokens` (null =
+`arms.num_speculative_tokens`). Each step's target forward scores a token tree of B nodes (the
+root, the drafted chain, then best-first candidates by the selector's path scores; the engine
+builds it from `Proposal.edges`, or from `log q` for a proposer without them;
+`dflash2.engine.tree`) and commits the longest accepted root path: greedy output equals AR's.
+A v1 checkpoint (one candidate per slot) gets the chain plus padding nodes: the tree adds nothing
+there but its cost. The combinations the engine does not run yet (T > 0, exact mode, see
+`dflash2.engine.inputs`) fail with the engine's own error, not one of the evaluation's."""
+
+from __future__ import annotations
+
+from dflash2.evaluation.arms import ArmKind, register
+
+
+def _ns(arms_cfg) -> list[int]:
+    return sorted(set(int(n) for n in (arms_cfg.tree_num_speculative_tokens or arms_cfg.num_speculative_tokens)))
+
+
+def _budgets(arms_cfg) -> list[int]:
+    return sorted(set(int(b) for b in arms_cfg.tree_budgets))
+
+
+KIND = register(ArmKind(name="tree", family="tree", flag="tree", order=4, uses_draft=True, accept_check="draft",
+                        verify="tree", num_speculative_tokens=_ns, tree_budgets=_budgets,
+                        make_draft=lambda arm, ctx: ctx.draft))
