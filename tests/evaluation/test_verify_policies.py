@@ -41,6 +41,11 @@ def test_arms_labels_and_what_they_pass_to_the_engine():
     assert by["adaptive@N=15"].verify_rows([15, 3, 1]) == [16, 4, 2] and forward_rows("adaptive", 15) == 16
     assert by["tree16@N=15"].verify_rows([15, 15]) == [16, 16] and forward_rows("tree", 15, 64) == 64
     assert verify_rows("chain", [0, 0]) == [1, 1] and forward_rows("tree", 0, 32) == 1
+    # exact mode: "rows" pads every chain forward (AR too); a tree adds its confirming chain forward
+    assert forward_rows("chain", 0, exact_impl="rows", exact_block_size=16) == 16
+    assert forward_rows("adaptive", 7, exact_impl="invariant", exact_block_size=16) == 8
+    assert forward_rows("tree", 7, 32, exact_impl="invariant", exact_block_size=16) == 32 + 8
+    assert forward_rows("tree", 7, 32, exact_impl="rows", exact_block_size=16) == 32 + 16
     v1 = [a.label for a in build_arms(cfg, has_draft=True, draft_has_selector=False)]
     assert v1 == [a.label for a in arms]  # no selector needed: a v1 tree is the chain plus padding
     assert [a.label for a in build_arms(cfg, has_draft=False, draft_has_selector=False)] == ["ar"]
@@ -51,19 +56,18 @@ def test_arms_labels_and_what_they_pass_to_the_engine():
 N, BUDGETS, MAX_NEW = 3, (4, 12), 24
 
 
-@pytest.fixture(scope="module")
-def policy_records():
-    """Every arm of `verify_policies_tiny_cpu` (chain N = 2, 3, adaptive N = 3, trees of 4 and 12
-    nodes) through `EvalRunner._run_arm` on two GSM8K prompts in one batch, each arm's draft (what
-    `draft_for_arm` hands the engine) an oracle over the AR arm's tokens (slots right with
-    probability 0.6), so that steps accept tokens and reject others."""
+def _oracle_run(*overrides: str) -> dict[str, list[Record]]:
+    """Every arm of `verify_policies_tiny_cpu` (+ `overrides`) through `EvalRunner._run_arm` on two
+    GSM8K prompts in one batch, each arm's draft (what `draft_for_arm` hands the engine) an oracle
+    over the AR arm's tokens (slots right with probability 0.6), so that steps accept tokens and
+    reject others. Returns arm label -> its two records."""
     from dflash2.evaluation.arms.oracle_proposers import OracleProposer
     from dflash2.evaluation.running import datasets as ds
     from dflash2.evaluation.running import runner as runner_module
     from dflash2.evaluation.running.runner import EvalRunner, sample_seed
 
     cfg = _compose(["experiment=verify_policies_tiny_cpu", f"max_new_tokens={MAX_NEW}", "output_dir=/tmp/unused",
-                    f"arms.tree_budgets=[{BUDGETS[0]},{BUDGETS[1]}]"])
+                    *overrides])
     runner = EvalRunner(cfg, "/tmp/unused")
     items = [(it, 1) for it in ds.load_items("gsm8k", source="local", limit=2)]
     ar = runner._run_arm(runner.arms[0], items, {})
@@ -77,6 +81,12 @@ def policy_records():
         for arm in runner.arms[1:]:
             out[arm.label] = runner._run_arm(arm, items, ar_by_id)
     return out
+
+
+@pytest.fixture(scope="module")
+def policy_records():
+    """`_oracle_run` with chain N = 2, 3, adaptive N = 3, trees of 4 and 12 nodes, T = 0."""
+    return _oracle_run(f"arms.tree_budgets=[{BUDGETS[0]},{BUDGETS[1]}]")
 
 
 def test_every_policy_arm_reproduces_the_ar_tokens(policy_records):
@@ -111,6 +121,35 @@ def test_records_carry_the_policy_lengths_and_rows(policy_records):
                 assert r.accepted == c.accepted
     tree, base = (sum(sum(r.accepted) for r in policy_records[k]) for k in ("tree12@N=3", "dflash2@N=3"))
     assert tree > base  # the right siblings of rejected drafts are in the larger tree
+
+
+def test_exact_mode_counts_the_padding_and_the_trees_confirming_forward():
+    """exact=true on the CPU (exact_impl rows: every forward padded to the drafter's block, 16):
+    every arm still equals AR, and the forward rows per step are what the engine runs: 16 for the
+    chain, adaptive and AR alike, a tree's 12 nodes plus the confirming chain forward's 16."""
+    run = _oracle_run("exact=true", "arms.num_speculative_tokens=[3]", "arms.tree_budgets=[12]")
+    assert set(run) == {"ar", "dflash2@N=3", "adaptive@N=3", "tree12@N=3"}
+    ar = [r.tokens for r in run["ar"]]
+    fwd = {}
+    for label, recs in run.items():
+        assert [r.tokens for r in recs] == ar and {r.exact_impl for r in recs} == {"rows"}, label
+        fwd[label] = {verify_of(r)["forward_rows"] for r in recs}
+    assert fwd == {"ar": {16}, "dflash2@N=3": {16}, "adaptive@N=3": {16}, "tree12@N=3": {12 + 16}}
+    assert sum(sum(r.accepted) for r in run["tree12@N=3"]) > sum(sum(r.accepted) for r in run["dflash2@N=3"])
+    assert verify_metrics(run["tree12@N=3"], N)["forward_rows_per_step"] == 28.0
+
+
+def test_sampled_policy_arms_record_their_lengths():
+    """T = 1: the arms run (the engine samples the tree and the adaptive lengths' steps), and the
+    records keep the contracts: lengths N for the tree, the adaptive schedule, rows per policy."""
+    run = _oracle_run("temperature=1.0", "arms.num_speculative_tokens=[3]", "arms.tree_budgets=[8]")
+    for r in run["tree8@N=3"]:
+        assert set(r.verify_lengths) == {N} and r.verify_rows == [8] * r.steps and len(r.tokens) == MAX_NEW
+    for r in run["adaptive@N=3"]:
+        want = [N]
+        for a in r.accepted[:-1]:
+            want.append(min(N, want[-1] + 2) if a == want[-1] else max(1, want[-1] - 1))
+        assert r.verify_lengths == want
 
 
 # ------------------------------------------------------------------ records and per-depth acceptance
@@ -261,6 +300,23 @@ def test_bad_policy_settings_fail_in_one_line(override, match):
     with pytest.raises(ValueError, match=match) as err:
         validate(cfg)
     assert "\n" not in str(err.value)
+
+
+def test_the_qwen05b_verify_plans_eval_and_speed_jobs_compose_and_validate(tmp_path):
+    """`python -m dflash2.ablation --plan qwen05b_verify` runs `experiment=verify_policies_qwen05b`
+    with `ablation_arm=dflash2` and its speed overrides: every such job's overrides compose against
+    the schema and pass the config checks, with the preset's arms."""
+    from dflash2.ablation import Ablation, load_plan
+
+    jobs = [j for phase in ("eval", "speed") for j in Ablation(load_plan("qwen05b_verify"), tmp_path).jobs(phase)]
+    assert len(jobs) == 6
+    for job in jobs:
+        overrides = [a for a in job.argv[2:] if a != "hydra.run.dir=."]
+        cfg = _compose(overrides)
+        validate(cfg)
+        labels = [a.label for a in build_arms(cfg.arms, has_draft=True, draft_has_selector=True)]
+        assert labels[-4:] == ["adaptive@N=15", "tree16@N=15", "tree32@N=15", "tree64@N=15"], job.name
+        assert not cfg.arms.selector_off
 
 
 def test_policy_presets_and_a_misspelt_switch():

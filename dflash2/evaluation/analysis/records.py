@@ -88,8 +88,9 @@ class Record:
         `SpeculativeOutput.verify_lengths`: N for chain and tree, 1..N for adaptive, 0 for AR),
         `accepted[k] <= verify_lengths[k]`; verify_rows: `[steps]`, the rows a verify of that
         step's own length scores (`arms.verify_rows`: L + 1 for chain and adaptive, the budget
-        for tree, 1 for AR). For adaptive that is the ragged count: today's forward scores N + 1
-        (`arms.forward_rows`).
+        for tree, 1 for AR). For adaptive that is the ragged count: today's forward scores N + 1;
+        exact mode adds its padding and, for a tree, the confirming chain forward
+        (`arms.forward_rows`, `verify_of`).
     """
 
     arm: str
@@ -204,12 +205,13 @@ def verify_of(rec: Record) -> dict[str, Any]:
     """A record's verify policy as read by the analyses, also for records written before the
     verify fields: `policy` (its `verify_policy`, else its kind's declared `ArmKind.verify`),
     `tree_budget`, `lengths` (per step; N per step when not recorded), `rows` (per step, the
-    recorded `verify_rows`, else the forward's rows) and `forward_rows` (what one step's forward
-    scores, `arms.forward_rows`)."""
+    recorded `verify_rows`, else the forward's rows) and `forward_rows` (what one step's forwards
+    score, `arms.forward_rows`, in the record's exact mode)."""
     policy = rec.verify_policy or kind_of(rec.arm_kind).verify
     n = int(rec.num_speculative_tokens)
     budget = rec.tree_budget
-    fwd = forward_rows(policy, n, budget) if budget is not None or policy != "tree" else n + 1  # budget unrecorded
+    fwd = n + 1 if policy == "tree" and budget is None else forward_rows(  # (a tree's budget unrecorded)
+        policy, n, budget, exact_impl=rec.exact_impl, exact_block_size=rec.exact_block_size)
     lengths = list(rec.verify_lengths) if rec.verify_lengths is not None else [n] * int(rec.steps)
     rows = list(rec.verify_rows) if rec.verify_rows is not None else [fwd] * int(rec.steps)
     return {"policy": policy, "tree_budget": budget, "lengths": lengths, "rows": rows, "forward_rows": fwd}

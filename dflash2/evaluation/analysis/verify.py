@@ -23,7 +23,9 @@ them, which ran the chain at length N). Definitions, also stated in the summary'
   adaptive also at its mean ragged rows (what a ragged verify would cost). Its tokens per step
   are its measured tau (no profile predicts a tree's or a length schedule's acceptance), so
   these predictions test the step cost alone; a tree step's extra work (building the tree and
-  its mask, moving K/V, the eager loop) shows as measured above predicted.
+  its mask, moving K/V) shows as measured above predicted. In exact mode a tree step runs a second,
+  chain forward that confirms its path, priced here as one forward of the summed rows (a
+  warning says so).
 
 Public: `depth_acceptance`, `verify_metrics`, `arm_policy`, `series_key`, `vs_rows`, `price_policy_arm`,
 `CONVENTIONS`.
@@ -163,6 +165,13 @@ def price_policy_arm(recs: Sequence[Record], *, step_s: Callable[[float], float]
     lo, hi = calibrated_rows
     warn = [f"{x:.3g} verify rows outside the chain fit's {lo}..{hi}: step cost extrapolated linearly"
             for x in dict.fromkeys((float(fwd), rows)) if not lo <= x <= hi]
+    exact = recs[0].exact_impl
+    if exact == "rows":
+        warn.append(f"exact mode (rows): every chain forward is padded to {recs[0].exact_block_size} rows, so the "
+                    "chain fit's N does not measure rows: indicative only")
+    elif exact is not None and v["policy"] == "tree":
+        warn.append("exact mode: the tree forward and its confirming chain forward are priced as one forward of "
+                    "their summed rows")
     c = step_s(fwd)
     out = {"verify_policy": v["policy"], "tree_budget": v["tree_budget"], "forward_rows": fwd, "verify_rows": rows,
            "tau_source": "measured (this arm's records): the prediction tests the step cost only",

@@ -27,10 +27,11 @@ so each budget is its own family in the plots over N; the plot over verify rows 
 Verify policy (`ArmKind.verify`): what the runner passes to `speculative_generate` as `verify=`
 (and, for "tree", `tree_budget=` from the `Arm`); `Arm.verify_kwargs` is that argument set, empty
 for "chain" (the engine's default), so chain arms call the engine exactly as before. The rows a
-step's target forward scores (`forward_rows`) and the rows a ragged verify of the step's own
+step's target forwards score (`forward_rows`) and the rows a ragged verify of the step's own
 length would score (`verify_rows`) are this package's rules, read by the records and the cost
 model: chain N + 1 and N + 1; adaptive N + 1 (today's forward keeps the block) and L + 1; tree
-B and B.
+B and B (in exact mode the tree's accepted path is confirmed by a second, chain forward, and
+`exact_impl="rows"` pads every chain forward to `exact_block_size`: `forward_rows` counts both).
 
 Public: `ArmKind`, `Arm`, `DraftContext`, `register`, `registered`, `kind_of`, `kind_names`,
 `baseline`, `drafter_kinds`, `primary_kind`, `build_arms`, `draft_for_arm`, `SelectorOffProposer`,
@@ -71,19 +72,26 @@ VERIFY_POLICIES = ("chain", "adaptive", "tree")
 MAX_TREE_BUDGET = 64
 
 
-def forward_rows(policy: str, n: int, tree_budget: int | None = None) -> int:
-    """Rows one step's target forward scores: N + 1 for "chain" and "adaptive" (the block keeps
-    its N + 1 slots whatever the step's length), `tree_budget` for "tree" (its nodes, root
-    included); 1 for the AR arm (N = 0, any policy)."""
+def forward_rows(policy: str, n: int, tree_budget: int | None = None, *, exact_impl: str | None = None,
+                 exact_block_size: int | None = None) -> int:
+    """Rows one step's target forwards score, as the engine runs them (`dflash2.engine.state`).
+
+    The chain block is N + 1 rows for "chain" and "adaptive" (the block keeps its N + 1 slots
+    whatever the step's length; AR: 1), padded to `exact_block_size` in exact mode with
+    `exact_impl="rows"` (AR included). "tree" scores its `tree_budget` nodes (root included), and
+    in exact mode (`exact_impl` set) also the chain block that confirms the accepted path: a
+    second forward, counted here as its rows.
+    """
     if policy not in VERIFY_POLICIES:
         raise ValueError(f"verify policy {policy!r} is not one of {VERIFY_POLICIES}")
-    if n == 0:
-        return 1
-    if policy == "tree":
-        if tree_budget is None:
-            raise ValueError("verify policy 'tree' needs its tree_budget")
-        return int(tree_budget)
-    return int(n) + 1
+    if exact_impl == "rows" and exact_block_size is None:
+        raise ValueError("exact_impl 'rows' pads every forward to exact_block_size: pass it")
+    block = int(exact_block_size) if exact_impl == "rows" else int(n) + 1
+    if n == 0 or policy != "tree":
+        return block
+    if tree_budget is None:
+        raise ValueError("verify policy 'tree' needs its tree_budget")
+    return int(tree_budget) + (block if exact_impl is not None else 0)
 
 
 def verify_rows(policy: str, lengths: Sequence[int], tree_budget: int | None = None) -> list[int]:

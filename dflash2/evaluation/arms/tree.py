@@ -6,8 +6,8 @@ root, the drafted chain, then best-first candidates by the selector's path score
 builds it from `Proposal.edges`, or from `log q` for a proposer without them;
 `dflash2.engine.tree`) and commits the longest accepted root path: greedy output equals AR's.
 A v1 checkpoint (one candidate per slot) gets the chain plus padding nodes: the tree adds nothing
-there but its cost. The combinations the engine does not run yet (T > 0, exact mode, see
-`dflash2.engine.inputs`) fail with the engine's own error, not one of the evaluation's."""
+there but its cost. Greedy and sampled, in exact mode too (there the engine confirms the
+accepted path with a second, exact chain forward, which `arms.forward_rows` counts)."""
 
 from __future__ import annotations
 
