@@ -187,6 +187,30 @@ def test_per_depth_acceptance_counts_only_steps_whose_length_reaches_the_depth()
     assert s["vs_rows"]["adaptive"]["verify_rows"] == [17 / 5] and s["vs_rows"]["tree"]["verify_rows"] == [3.0]
 
 
+def test_policy_arms_get_their_tau_over_the_best_chain_arm():
+    """`vs_best_chain`: the chain arm with the highest pooled tau at the run's temperature is the
+    denominator (not the first or the longest), the ratio is the pooled one, and chain arms get none."""
+    from dflash2.evaluation.analysis.stats import summarize
+
+    def arm(label, kind, per_sample, **fields):
+        return [record(label, f"s{i}", arm_kind=kind, num_speculative_tokens=N, accepted=acc, steps=len(acc),
+                       **fields) for i, acc in enumerate(per_sample)]
+
+    samples = 6
+    recs = [record("ar", f"s{i}") for i in range(samples)]
+    recs += arm("dflash2@N=2", "spec", [[2, 1]] * samples)        # tau 2.5: the best chain
+    recs += arm("dflash2@N=3", "spec", [[1, 0]] * samples)        # tau 1.5
+    recs += arm("tree8@N=3", "tree", [[3, 2]] * 3 + [[2, 2]] * 3, verify_policy="tree", tree_budget=8,
+                verify_lengths=[3, 3], verify_rows=[8, 8])  # tau (4 + 3) / 2 = 3.5, then 3
+    summary = summarize(recs, n_resamples=200)
+    vs = summary["per_arm"]["tree8@N=3"]["vs_best_chain"]
+    assert vs["chain"] == "dflash2@N=2" and vs["n"] == samples
+    assert vs["ratio"] == pytest.approx(((7 * 3 + 6 * 3) / 12) / 2.5)
+    low, high = vs["ratio_ci"]
+    assert low < vs["ratio"] < high  # two kinds of samples: the paired bootstrap has spread
+    assert "vs_best_chain" not in summary["per_arm"]["dflash2@N=3"]
+
+
 def test_verify_fields_are_checked_and_absent_ones_read_as_the_chain():
     bad = [({"verify_policy": "tree", "tree_budget": 4}, "arm kind 'spec' runs 'chain'"),
            ({"verify_policy": "chain", "tree_budget": 4}, "a budget goes with the tree policy"),

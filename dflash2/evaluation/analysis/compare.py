@@ -45,8 +45,9 @@ from pathlib import Path
 import numpy as np
 
 from dflash2.evaluation.analysis import stats
+from dflash2.evaluation.analysis.stats import tau_ratio
 from dflash2.evaluation.arms import drafter_kinds, kind_of, primary_kind
-from dflash2.evaluation.analysis.records import Record, as_records, read_run_records
+from dflash2.evaluation.analysis.records import Record, read_run_records
 from dflash2.evaluation.analysis.report import fmt_mcnemar_p
 from dflash2.jsonl import read_jsonl, to_jsonable
 
@@ -154,39 +155,6 @@ def _by_sample(run: ComparedRun, kind: str, n: int) -> dict[str, Record]:
 
 
 # ------------------------------------------------------------------ statistics computed here
-
-
-def tau_ratio(num: dict[str, Record | dict], den: dict[str, Record | dict], n_resamples: int = 2000,
-              seed: int = 0) -> dict:
-    """Ratio of pooled tau, num / den, over the sample ids both ran (and that took a step in both),
-    with a paired bootstrap 95% CI: each resample draws sample ids with replacement, the same ids
-    for both arms, and recomputes sum(accepted + 1) / steps for each (`stats.bootstrap_ci`).
-
-    Args:
-        num, den: {sample_id: record} of the two arms (`Record`s or their JSON dicts).
-    Returns:
-        {"n", "tau_num", "tau_den", "ratio", "ratio_ci"}; values None where undefined (no common
-        samples; a CI needs two).
-    """
-    num, den = ({s: r for s, r in zip(side, as_records(side.values()))} for side in (num, den))
-    ids = [s for s in num if s in den and num[s].accepted and den[s].accepted]
-    out = {"n": len(ids), "tau_num": None, "tau_den": None, "ratio": None, "ratio_ci": None}
-    if not ids:
-        return out
-    acc = [[np.asarray(side[s].accepted, dtype=float) for s in ids] for side in (num, den)]
-    produced = [np.array([a.sum() + a.size for a in side]) for side in acc]  # [n] each
-    steps = [np.array([a.size for a in side], dtype=float) for side in acc]
-    out["tau_num"], out["tau_den"] = (float(p.sum() / s.sum()) for p, s in zip(produced, steps))
-    out["ratio"] = out["tau_num"] / out["tau_den"]
-
-    def ratio(idx: np.ndarray, axis: int = -1) -> np.ndarray:  # resampled sample indices [..., n] -> [...]
-        i = idx.astype(np.int64)
-        return ((produced[0][i].sum(axis) / steps[0][i].sum(axis))
-                / (produced[1][i].sum(axis) / steps[1][i].sum(axis)))
-
-    if len(ids) >= 2:
-        out["ratio_ci"] = stats.bootstrap_ci(np.arange(len(ids), dtype=float), ratio, n_resamples, seed)
-    return out
 
 
 def conditional_acceptance(unconditional: Sequence[float | None]) -> list[float | None]:

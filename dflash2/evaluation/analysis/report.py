@@ -83,7 +83,8 @@ def summary_rows(summary: dict, dataset: str | None = None) -> list[list[str]]:
 
 
 VERIFY_COLUMNS = ["arm", "verify", "N", "tree budget", "verify rows/step", "forward rows/step", "mean verify length",
-                  "tau pooled [95% CI]", "speedup [95% CI]", "per-depth acceptance d = 1.."]
+                  "tau pooled [95% CI]", "tau / best chain [95% CI]", "speedup [95% CI]",
+                  "per-depth acceptance d = 1.."]
 
 
 def has_verify_policies(summary: dict) -> bool:
@@ -93,19 +94,22 @@ def has_verify_policies(summary: dict) -> bool:
 
 def verify_rows(summary: dict) -> list[list[str]]:
     """Formatted rows (see `VERIFY_COLUMNS`), one per arm: its policy, the mean verify rows per step
-    (adaptive: its ragged L + 1) and forward rows per step, tau and speedup with CIs, and the
-    per-depth acceptance (`analysis/verify.py`)."""
+    (adaptive: its ragged L + 1) and forward rows per step, tau with its CI and its ratio over
+    the best chain arm's (`stats.tau_ratio`, paired CI), speedup with its CI, and the per-depth
+    acceptance (`analysis/verify.py`)."""
     rows = []
     for arm in summary["arms"]:
         e = summary["per_arm"][arm]
         o = e["overall"]
         depth = " ".join("-" if v is None else f"{v:.2f}" for v in o.get("depth_acceptance") or []) or "-"
         budget = e.get("tree_budget")
+        vs = e.get("vs_best_chain")
+        ratio = "-" if not vs else f"{fmt_ci(vs.get('ratio'), vs.get('ratio_ci'), 3)} ({vs['chain']})"
         rows.append([arm, e.get("verify_policy") or "-", str(e["num_speculative_tokens"]),
                      "-" if budget is None else str(budget), fmt_value(o.get("verify_rows_per_step")),
                      fmt_value(o.get("forward_rows_per_step")), fmt_value(o.get("verify_length_mean")),
-                     fmt_ci(o.get("tau_pooled"), o.get("tau_pooled_ci")), fmt_ci(o.get("speedup"), o.get("speedup_ci")),
-                     depth])
+                     fmt_ci(o.get("tau_pooled"), o.get("tau_pooled_ci")), ratio,
+                     fmt_ci(o.get("speedup"), o.get("speedup_ci")), depth])
     return rows
 
 

@@ -391,6 +391,57 @@ def _metrics(recs: list[Record], info: dict, ar: dict[str, Record] | None, n_res
 
 # ------------------------------------------------------------------------------ summary
 
+def tau_ratio(num: dict[str, Record | dict], den: dict[str, Record | dict], n_resamples: int = 2000,
+              seed: int = 0) -> dict:
+    """Ratio of pooled tau, num / den, over the sample ids both ran (and that took a step in both),
+    with a paired bootstrap 95% CI: each resample draws sample ids with replacement, the same ids
+    for both arms, and recomputes sum(accepted + 1) / steps for each (`bootstrap_ci`).
+
+    Args:
+        num, den: {sample_id: record} of the two arms (`Record`s or their JSON dicts).
+    Returns:
+        {"n", "tau_num", "tau_den", "ratio", "ratio_ci"}; values None where undefined (no common
+        samples; a CI needs two).
+    """
+    num, den = ({s: r for s, r in zip(side, as_records(side.values()))} for side in (num, den))
+    ids = [s for s in num if s in den and num[s].accepted and den[s].accepted]
+    out = {"n": len(ids), "tau_num": None, "tau_den": None, "ratio": None, "ratio_ci": None}
+    if not ids:
+        return out
+    acc = [[np.asarray(side[s].accepted, dtype=float) for s in ids] for side in (num, den)]
+    produced = [np.array([a.sum() + a.size for a in side]) for side in acc]  # [n] each
+    steps = [np.array([a.size for a in side], dtype=float) for side in acc]
+    out["tau_num"], out["tau_den"] = (float(p.sum() / s.sum()) for p, s in zip(produced, steps))
+    out["ratio"] = out["tau_num"] / out["tau_den"]
+
+    def ratio(idx: np.ndarray, axis: int = -1) -> np.ndarray:  # resampled sample indices [..., n] -> [...]
+        i = idx.astype(np.int64)
+        return ((produced[0][i].sum(axis) / steps[0][i].sum(axis))
+                / (produced[1][i].sum(axis) / steps[1][i].sum(axis)))
+
+    if len(ids) >= 2:
+        out["ratio_ci"] = bootstrap_ci(np.arange(len(ids), dtype=float), ratio, n_resamples, seed)
+    return out
+
+
+def _vs_best_chain(arms: list[str], info: dict, per_arm: dict, by_arm: dict, n_resamples: int, seed: int) -> None:
+    """Adds `vs_best_chain` to every adaptive or tree arm's entry: its pooled tau over the best
+    chain arm's (the drafter's chain arm with the highest pooled tau at the same temperature),
+    `tau_ratio` with its paired bootstrap CI, and that arm's label (`chain`). In place."""
+    for arm in arms:
+        if info[arm].get("verify_policy") in (None, "chain"):
+            continue
+        t = float(info[arm]["temperature"])
+        chains = [a for a in arms if float(info[a]["temperature"]) == t and info[a].get("verify_policy") == "chain"
+                  and kind_of(info[a]["arm_kind"]).uses_draft and per_arm[a]["overall"].get("tau_pooled") is not None]
+        if not chains:
+            continue
+        best = max(chains, key=lambda a: per_arm[a]["overall"]["tau_pooled"])
+        ratio = tau_ratio({r.sample_id: r for r in by_arm[arm]}, {r.sample_id: r for r in by_arm[best]},
+                          n_resamples, seed)
+        per_arm[arm]["vs_best_chain"] = {"chain": best, **ratio}
+
+
 def summarize(records: list[Record | dict], *, n_resamples: int = 2000, seed: int = 0, accuracy_margin: float = 0.02,
               logprob_margin: float = 0.05) -> dict:
     """All statistics of a run, JSON-serializable (the content of `DIR/summary.json`).
@@ -405,7 +456,8 @@ def summarize(records: list[Record | dict], *, n_resamples: int = 2000, seed: in
     Returns:
         dict with `arms` (ordered labels), `n_samples`, `datasets`, `conventions`, `notes`,
         `per_arm[arm]` = {arm_kind, num_speculative_tokens, temperature, verify_policy, tree_budget,
-        overall, by_dataset, by_category}, `vs_n[arm family]` = per-N series (tau, speedup with
+        overall, by_dataset, by_category, and for adaptive and tree arms `vs_best_chain`
+        (`tau_ratio` over the best chain arm at that temperature)}, `vs_n[arm family]` = per-N series (tau, speedup with
         CIs) for plots, and `vs_rows[series]` = the drafter's arms over verify rows per step
         (`verify.vs_rows`).
         Arms are labelled by `arm`, suffixed `|T=...` when the records hold several temperatures.
@@ -445,6 +497,7 @@ def summarize(records: list[Record | dict], *, n_resamples: int = 2000, seed: in
                                               False) for c, v in sorted(cats.items())}
         per_arm[arm] = entry
         notes.extend(_arm_notes(arm, entry["overall"]))
+    _vs_best_chain(arms, info, per_arm, by_arm, n_resamples, seed)
 
     return to_jsonable({
         "arms": arms, "n_samples": len({r.sample_id for r in kept}), "datasets": datasets,
