@@ -30,6 +30,7 @@ from dflash2.kernels.dynamic_conv import (_grouped_dynamic_conv_norm_triton, _gr
                                           grouped_dynamic_conv, rms_norm_reference)
 from dflash2.kernels.row_attention import _row_attention_triton, row_attention
 from dflash2.kernels.selector import selector_walk
+from dflash2.kernels.tree_expand import expand_nodes
 from dflash2.kernels.tree_mask import tree_attention_mask
 from dflash2.kernels.topk import _vocab_topk_triton, vocab_topk
 from dflash2.kernels.verify import _verify_block_triton, verify_block
@@ -285,6 +286,19 @@ def tree_mask_case(batch: int, nodes: int = 64, context: int = 4096):
     return tri, ref, batch * nodes * kv, f"B{batch} nodes{nodes} kv{kv} (bool out)"
 
 
+def tree_expand_case(batch: int, nodes: int = 32, n: int = 15, k: int = 16):
+    """The tree verify's best-first expansion (`dflash2.kernels.tree_expand`): `nodes` nodes from
+    N = `n` slots of top-`k` candidates (the 0.5B study's tree32 at N = 15, selector top-16)."""
+    dev = "cuda"
+    logp = torch.log_softmax(torch.randn(batch, n, k, k, device=dev), -1)
+    cand = torch.randint(0, 151936, (batch, n, k), device=dev)
+    anchor = torch.randint(0, 151936, (batch,), device=dev)
+    chain = torch.zeros(batch, n, dtype=torch.long, device=dev)
+    tri = [lambda: expand_nodes(logp, cand, anchor, nodes, chain, impl="triton")]
+    ref = [lambda: expand_nodes(logp, cand, anchor, nodes, chain, impl="torch")]
+    return tri, ref, logp.numel() * 4 + cand.numel() * 8, f"B{batch} nodes{nodes} N{n} k{k}"
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="also write the markdown tables here")
@@ -336,6 +350,8 @@ def main(argv: list[str] | None = None) -> str:
         row("selector_walk", batch, shape, nbytes, tri, ref, reps=10)
         tri, ref, nbytes, shape = tree_mask_case(batch)
         row("tree_attention_mask", batch, shape, nbytes, tri, ref, reps=10)
+        tri, ref, nbytes, shape = tree_expand_case(batch)
+        row("tree_expand (ref: ~40 launches per node)", batch, shape, nbytes, tri, ref, reps=10)
         for sampled in (False, True):
             tri, ref, nbytes, shape = verify_case(batch, sampled)
             row("verify_block", batch, shape, nbytes, tri, ref, reps=10)
