@@ -135,6 +135,7 @@ def cases():
     from dflash2.kernels.selector import _selector_walk_triton
     from dflash2.kernels.silu_mul import silu_mul
     from dflash2.kernels.topk import _vocab_topk_triton
+    from dflash2.kernels.tree_expand import _expand_triton
     from dflash2.kernels.tree_mask import _tree_mask_triton
     from dflash2.kernels.verify import _verify_block_triton
 
@@ -232,6 +233,10 @@ def cases():
     # the tree verify's attention mask: 64 nodes over a 4096-slot cache, batch 8
     out.append(("tree_mask B=8 nodes=64 kv=4096", lambda: _tree_mask_triton(
         torch.full((8, 64), -1, dtype=i64), torch.zeros(8, dtype=i64), 4096)))
+    # the tree's best-first expansion: N = 15 slots of top-16 candidates, 32 and 64 nodes, batch 128
+    for nodes in (32, 64):
+        out.append((f"tree_expand B=128 nodes={nodes} N=15 k=16", lambda nodes=nodes: _expand_triton(
+            e(128, 15, 16, 16, dtype=f32), e(128, 15, 16, dtype=i64), e(128, dtype=i64), nodes, e(128, 15, dtype=i64))))
     out.append(("keyed_uniform", lambda: keyed_uniform_triton(torch.zeros(8, dtype=i64), 1, torch.zeros(8, dtype=i64),
                                                              torch.arange(8))))
     return out

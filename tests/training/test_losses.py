@@ -75,8 +75,9 @@ def test_fused_head_loss_matches_the_autograd_reference(extra):
     torch.testing.assert_close(pf[3:], pa[3:], rtol=0, atol=0)          # stats: the same discrete picks
     torch.testing.assert_close(pf[:3], pa[:3], rtol=1e-6, atol=1e-6)
     assert ga.keys() == gf.keys() and ga
-    for name in ga:
-        torch.testing.assert_close(gf[name], ga[name], rtol=1e-5, atol=1e-6, msg=name)
+    for name in ga:  # summation order moves an element by ulps of the tensor's largest terms, not of itself
+        scale = float(ga[name].abs().max())
+        torch.testing.assert_close(gf[name], ga[name], rtol=1e-5, atol=1e-5 * scale, msg=name)
 
 
 def test_head_loss_choice_is_resolved_once_and_checked():
