@@ -61,7 +61,7 @@ from dflash2.engine.sampling import invalid_rows, row_seeds
 from dflash2.engine.state import (LEN_BUCKET, DecodeState, batch_bucket, keep_state, kept_state, prefill_rows,
                                   round_up, state_key)
 from dflash2.engine.stats import StepTimes, summarize
-from dflash2.kernels.verify import verify_block
+from dflash2.engine.verify import target_draw
 from dflash2.target import TargetModel
 
 
@@ -336,10 +336,8 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
                 first_logits = out.logits[torch.arange(bsz, device=device), where_kept][:, None]  # [B, 1, V]
                 prefill_features = out.features
             _check_valid(invalid_rows(first_logits).tolist(), "target logits", 0)
-            empty_d = state.empty_d[:bsz]
-            _, first = verify_block(state.target_probs_input(first_logits), empty_d, empty_d[..., None],
-                                    state.empty_q[:bsz], state.temps[:bsz], state.seeds[:bsz], plens,
-                                    impl=state.engine.kernel_impl)
+            first = target_draw(state.target_probs_input(first_logits), state.temps[:bsz], state.seeds[:bsz],
+                                plens[:, None], state.engine.kernel_impl)[:, 0]
             if batch > bsz:  # idle bucket rows: token 0, no features
                 first = torch.cat([first, first.new_zeros(batch - bsz)])
                 if prefill_features is not None:

@@ -37,7 +37,7 @@ from dflash2.engine.reports import REPORT_ROWS, StepReports
 from dflash2.engine.settings import EXACT_SPLIT_KEYS, EngineSettings
 from dflash2.engine.sampling import filter_logits, invalid_rows
 from dflash2.engine.tree import accept_matching, expand_tree
-from dflash2.engine.verify import initial_lengths, next_lengths, verify_within
+from dflash2.engine.verify import initial_lengths, next_lengths, target_draw, verify_within
 from dflash2.kernels.linear import MAX_ROWS, FusedLinears, SmallMLinearMode, fusable_groups
 from dflash2.kernels.tree_mask import tree_attention_mask, tree_positions
 from dflash2.kernels.verify import verify_block
@@ -370,7 +370,7 @@ class DecodeState:
         pos_w = start[:, None] + self.arange_w
         lengths = self.verify_len  # [B]: fixed by the earlier steps, never by this one's logits
         if self.engine.verify == "tree":  # a token tree instead of the block
-            d, acc, nxt, feats, bad = self._tree_verify(prop, anchor, start, active, kv_len)
+            d, acc, nxt, feats, bad = self._tree_verify(prop, anchor, start, pos_w, active, kv_len)
         else:
             acc, nxt, feats, bad = self._block_verify(anchor, d, cand, q, start, pos_w, lengths, kv_len)
         if prop is not None and prop.invalid is not None:
@@ -438,18 +438,10 @@ class DecodeState:
         return acc, nxt, feats, bad
 
     def _target_tokens(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """`[B, M]` int64: the target's own token at each of the `M` logits rows of every row b
-        (`logits [B, M, V]`, row m predicting absolute position `positions [B, M]`): the argmax at
-        T = 0, else the draw from the filtered law keyed by (row b's seed, that position), i.e.
-        `verify_block` with no drafted token, the AR loop's draw (-1 for an invalid logits row)."""
-        bsz, m, vocab = logits.shape
-        probs_in = self.target_probs_input(logits).reshape(bsz * m, 1, vocab)
-        _, tok = verify_block(probs_in, self.empty_d[:1].expand(bsz * m, 0), self.empty_d[:1, :, None].expand(
-            bsz * m, 0, 1), self.empty_q[:1].expand(bsz * m, 0, 1), self.temps.repeat_interleave(m),
-            self.seeds.repeat_interleave(m), positions.reshape(-1), impl=self.engine.kernel_impl)
-        return tok.view(bsz, m)
+        """`target_draw` of `logits [B, M, V]` under the call's sampling rule and seeds."""
+        return target_draw(self.target_probs_input(logits), self.temps, self.seeds, positions, self.engine.kernel_impl)
 
-    def _tree_verify(self, prop: Proposal, anchor, start, active, kv_len):
+    def _tree_verify(self, prop: Proposal, anchor, start, pos_w, active, kv_len):
         """Tree verify (`verify="tree"`): the proposal's token tree of `tree_budget` nodes
         (`dflash2.engine.tree.expand_tree`, the drafted tokens as its chain; the selector's edges
         `prop.edges`, or `log q` per candidate when the proposer gives none), one target forward
@@ -493,7 +485,6 @@ class DecodeState:
         on = (slot < acc[:, None]) & active[:, None]
         d = torch.where(on, tree.tokens.gather(1, path.clamp(min=0)), 0)
         if self.exact:  # confirm the path with the exact kernels (docstring)
-            pos_w = start[:, None] + self.arange_w
             all_logits, feats = self._chain_forward(torch.cat([anchor[:, None], d, self.pad], dim=1), pos_w, kv_len)
             logits = all_logits[:, : n + 1]
             bad = invalid_rows(logits)

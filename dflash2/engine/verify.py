@@ -76,6 +76,28 @@ def next_lengths(verify: str, lengths: torch.Tensor, accepted: torch.Tensor, n_s
     return torch.where(accepted >= lengths, grown, shrunk)
 
 
+def target_draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                impl: str) -> torch.Tensor:
+    """`[B, M]` int64: the target's own token at each of the `M` logits rows of every row b, i.e.
+    `verify_block` of one row with no drafted token (the AR loop's draw): the argmax at T = 0,
+    else the race keyed by (row b's seed, the row's position).
+
+    Args:
+        logits: `[B, M, V]` fp32, `verify_block`'s input (`DecodeState.target_probs_input`).
+        temperature, seeds: `[B]`. positions: `[B, M]` int64, the position each row predicts.
+        impl: as for `verify_block`.
+    Returns:
+        `[B, M]` tokens; -1 for an invalid logits row (`verify_block`'s flag).
+    """
+    bsz, m, vocab = logits.shape
+    no_draft = torch.zeros(bsz * m, 0, dtype=torch.long, device=logits.device)
+    _, tok = verify_block(logits.reshape(bsz * m, 1, vocab), no_draft, no_draft[..., None],
+                          torch.zeros(bsz * m, 0, 1, dtype=torch.float32, device=logits.device),
+                          temperature.repeat_interleave(m), seeds.repeat_interleave(m), positions.reshape(-1),
+                          impl=impl)
+    return tok.view(bsz, m)
+
+
 def verify_within(logits: torch.Tensor, draft_tokens: torch.Tensor, cand_ids: torch.Tensor, q: torch.Tensor,
                   temperature: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor,
                   impl: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +117,6 @@ def verify_within(logits: torch.Tensor, draft_tokens: torch.Tensor, cand_ids: to
     rows = torch.arange(logits.shape[0], device=logits.device)
     # The bonus of a block of L: the target's token at block row L (argmax, or the race keyed by
     # row L's position), which is `verify_block` of that one row with no drafted token.
-    _, bonus = verify_block(logits[rows, lengths][:, None], draft_tokens[:, :0], cand_ids[:, :0], q[:, :0],
-                            temperature, seeds, positions + lengths, impl=impl)
+    bonus = target_draw(logits[rows, lengths][:, None], temperature, seeds, (positions + lengths)[:, None], impl)[:, 0]
     cut = accepted >= lengths  # all L verified tokens accepted: the block of L ends with its bonus
     return torch.minimum(accepted, lengths), torch.where(cut, bonus, next_token)
