@@ -35,7 +35,7 @@ B and B (in exact mode the tree's accepted path is confirmed by a second, chain 
 
 Public: `ArmKind`, `Arm`, `DraftContext`, `register`, `registered`, `kind_of`, `kind_names`,
 `baseline`, `drafter_kinds`, `primary_kind`, `build_arms`, `draft_for_arm`, `SelectorOffProposer`,
-`VERIFY_POLICIES`, `MAX_TREE_BUDGET`, `forward_rows`, `verify_rows`.
+`VERIFY_POLICIES`, `MAX_TREE_BUDGET`, `forward_rows`, `verify_rows`, `configured_ns`.
 """
 
 from __future__ import annotations
@@ -61,8 +61,10 @@ class DraftContext:
     seeds: Sequence[int] | None = None
 
 
-def _configured_ns(arms_cfg) -> list[int]:
-    return sorted(set(int(n) for n in arms_cfg.num_speculative_tokens))
+def configured_ns(arms_cfg, own: list[int] | None = None) -> list[int]:
+    """A kind's N values, sorted and unique: its own list (e.g. `arms.tree_num_speculative_tokens`),
+    or `arms.num_speculative_tokens` when that is null or absent."""
+    return sorted(set(int(n) for n in (own or arms_cfg.num_speculative_tokens)))
 
 
 # The engine's verify policies and tree-budget cap (`dflash2.engine.verify.VERIFY_POLICIES`,
@@ -149,7 +151,7 @@ class ArmKind:
     needs_references: bool = False
     accept_check: str | None = None
     compare_suffix: str | None = None
-    num_speculative_tokens: Callable[[Any], list[int]] = _configured_ns
+    num_speculative_tokens: Callable[[Any], list[int]] = configured_ns
     verify: str = "chain"
     tree_budgets: Callable[[Any], list[int]] | None = None
 

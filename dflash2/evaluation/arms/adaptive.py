@@ -8,11 +8,11 @@ score L + 1 (`arms.verify_rows`), which the cost model prices beside it. At each
 
 from __future__ import annotations
 
-from dflash2.evaluation.arms import ArmKind, register
+from dflash2.evaluation.arms import ArmKind, configured_ns, register
 
 
 def _ns(arms_cfg) -> list[int]:
-    return sorted(set(int(n) for n in (arms_cfg.adaptive_num_speculative_tokens or arms_cfg.num_speculative_tokens)))
+    return configured_ns(arms_cfg, arms_cfg.adaptive_num_speculative_tokens)
 
 
 KIND = register(ArmKind(name="adaptive", family="adaptive", flag="adaptive", order=3, uses_draft=True,

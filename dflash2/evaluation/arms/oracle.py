@@ -4,11 +4,11 @@ at each N of `arms.oracle_num_speculative_tokens` (null = `arms.num_speculative_
 
 from __future__ import annotations
 
-from dflash2.evaluation.arms import Arm, ArmKind, DraftContext, register
+from dflash2.evaluation.arms import Arm, ArmKind, DraftContext, configured_ns, register
 
 
 def _ns(arms_cfg) -> list[int]:
-    return sorted(set(int(n) for n in (arms_cfg.oracle_num_speculative_tokens or arms_cfg.num_speculative_tokens)))
+    return configured_ns(arms_cfg, arms_cfg.oracle_num_speculative_tokens)
 
 
 def make_draft(arm: Arm, ctx: DraftContext):

@@ -11,11 +11,11 @@ accepted path with a second, exact chain forward, which `arms.forward_rows` coun
 
 from __future__ import annotations
 
-from dflash2.evaluation.arms import ArmKind, register
+from dflash2.evaluation.arms import ArmKind, configured_ns, register
 
 
 def _ns(arms_cfg) -> list[int]:
-    return sorted(set(int(n) for n in (arms_cfg.tree_num_speculative_tokens or arms_cfg.num_speculative_tokens)))
+    return configured_ns(arms_cfg, arms_cfg.tree_num_speculative_tokens)
 
 
 def _budgets(arms_cfg) -> list[int]:
