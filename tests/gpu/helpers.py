@@ -23,6 +23,17 @@ def small_cuda_models(vocab: int):
     return target, draft, prompts
 
 
+def cuda_models_then_write(vocab: int, name: str, results: dict):
+    """A module fixture's body: `small_cuda_models(vocab)` (skipped without CUDA), then, after the
+    module's tests, `results` written as `$DFLASH2_GPU_OUT/<name>` (`write_results`)."""
+    import pytest
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    yield small_cuda_models(vocab)
+    write_results(name, results)
+
+
 def departures(a, b) -> list[int]:
     """Per row of two `GenerateOutput`s, the first differing position of the sequences (-1 = identical)."""
     out = []

@@ -29,7 +29,7 @@ from dflash2 import speculative_generate
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, sync_check
 from dflash2.engine.state import release_decode_state
 from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
-from tests.gpu.helpers import small_cuda_models, write_results
+from tests.gpu.helpers import cuda_models_then_write
 
 pytestmark = pytest.mark.gpu
 
@@ -39,11 +39,7 @@ RESULTS: dict = {}
 
 @pytest.fixture(scope="module")
 def models():
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    target, draft, prompts = small_cuda_models(VOCAB)
-    yield target, draft, prompts
-    write_results("graphs.json", RESULTS)
+    yield from cuda_models_then_write(VOCAB, "graphs.json", RESULTS)
 
 
 def _drafter(kind, draft, prompts, ar, seeds):

@@ -22,7 +22,7 @@ from dflash2 import speculative_generate
 from dflash2.engine.graphs import sync_check
 from dflash2.engine.state import release_decode_state
 from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
-from tests.gpu.helpers import mean_accepted, small_cuda_models, write_results
+from tests.gpu.helpers import cuda_models_then_write, mean_accepted
 
 pytestmark = pytest.mark.gpu
 
@@ -33,11 +33,7 @@ RESULTS: dict = {}
 
 @pytest.fixture(scope="module")
 def models():
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    target, draft, prompts = small_cuda_models(VOCAB)
-    yield target, draft, prompts
-    write_results("tree.json", RESULTS)
+    yield from cuda_models_then_write(VOCAB, "tree.json", RESULTS)
 
 
 def _oracle(prompts, ar, accept_prob=0.6):
