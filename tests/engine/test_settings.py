@@ -17,8 +17,8 @@ import torch
 from dflash2 import DFlash2DraftModel, speculative_generate
 from dflash2.engine import cache as cache_mod
 from dflash2.engine import draft as engine_draft
-from dflash2.engine import generate as engine_generate
 from dflash2.engine import state as engine_state
+from dflash2.engine import verify as engine_verify
 from dflash2.engine.inputs import check_generate_inputs
 from dflash2.engine.settings import EngineSettings
 from dflash2.modeling import conv as conv_mod
@@ -74,7 +74,7 @@ def spies(monkeypatch):
         return spy
 
     # verify, top-k and the selector walk take the call's kernel_impl as well (as "kernels").
-    for module, name in ((engine_state, "verify_block"), (engine_generate, "verify_block"),
+    for module, name in ((engine_state, "verify_block"), (engine_verify, "verify_block"),
                          (engine_draft, "vocab_topk"), (engine_draft, "selector_walk")):
         monkeypatch.setattr(module, name, to_torch("kernels", getattr(module, name)))
     monkeypatch.setattr(cache_mod, "row_attention_kernel", target_kernel)
