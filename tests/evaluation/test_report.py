@@ -62,31 +62,56 @@ def test_html_is_self_contained_with_readable_pngs(run, tmp_path):
 
 def test_end_to_end_line_per_arm_and_table(run, tmp_path):
     recs, s = run
-    timed = ArmTiming(samples=3, chunks=3, tokens=120, total_s=0.096, generation_s=0.072, score_s=0.006,
-                      analysis_s=0.0096)
-    e2e = summarize_end_to_end({"ar": timed, "dflash2@N=5": ArmTiming()}, rank=0, world_size=1)
+    ids = {"gsm8k/0000", "gsm8k/0001", "gsm8k/0002"}
+    timed = ArmTiming(samples=3, chunks=3, tokens=120, total_s=0.100, generation_s=0.072, score_s=0.009,
+                      analysis_s=0.001, sample_ids=set(ids))
+    # The speculative arm timed the same samples: its own 0.045 s of work against the baseline's 0.090
+    # (its scoring of a cached result would be cheap; scoring is not part of either figure).
+    fast = ArmTiming(samples=3, chunks=3, tokens=120, total_s=0.0456, generation_s=0.036, score_s=0.0003,
+                     analysis_s=0.0003, sample_ids=set(ids))
+    e2e = summarize_end_to_end({"ar": timed, "dflash2@N=5": fast, "dflash2@N=3": ArmTiming()}, rank=0,
+                               world_size=1, baseline="ar")
     e = e2e["per_arm"]["ar"]
-    assert (e["ms_per_token"], e["generation_ms_per_token"], e["ms_per_sample"]) == pytest.approx((0.8, 0.6, 32.0))
-    assert e["host_s"] == pytest.approx(0.0144) and e["host_fraction"] == pytest.approx(0.15)
-    untimed = e2e["per_arm"]["dflash2@N=5"]
+    assert e["serve_s"] == pytest.approx(0.090) and e["host_s"] == pytest.approx(0.018)
+    assert (e["ms_per_token"], e["generation_ms_per_token"], e["ms_per_sample"]) == pytest.approx((0.75, 0.6, 30.0))
+    assert (e["host_fraction"], e["score_ms_per_sample"]) == pytest.approx((0.2, 3.0))
+    assert (e["speedup_end_to_end"], e["generation_speedup"]) == pytest.approx((1.0, 1.0))
+    f = e2e["per_arm"]["dflash2@N=5"]
+    assert (f["speedup_end_to_end"], f["generation_speedup"]) == pytest.approx((2.0, 2.0))
+    untimed = e2e["per_arm"]["dflash2@N=3"]
     assert untimed["samples"] == 0 and untimed["ms_per_token"] != untimed["ms_per_token"]  # NaN: nothing timed
+    assert untimed["speedup_end_to_end"] != untimed["speedup_end_to_end"]
     for summary in ({**s, "end_to_end": e2e}, {**s, "end_to_end": to_jsonable(e2e)}):  # in memory; as read back
         buf = io.StringIO()
         print_summary(summary, file=buf)
         lines = buf.getvalue().splitlines()
         ar = next(ln for ln in lines if ln.startswith("  ar "))
-        assert "0.800 ms/token end to end (generation 0.600, host 15%), 32.00 ms/sample, 3 samples" in ar
-        assert any(ln.startswith("  dflash2@N=5 ") and "- ms/token end to end (0 samples timed)" in ln for ln in lines)
+        assert ("0.750 ms/token end to end (generation 0.600, host 20%), 30.00 ms/sample, scoring 3.00 ms/sample "
+                "apart, 3 samples") in ar
+        n5 = next(ln for ln in lines if ln.startswith("  dflash2@N=5 "))
+        assert "15.00 ms/sample, speedup 2.000 end to end (2.000 generation), scoring 0.10 ms/sample apart" in n5
+        assert any(ln.startswith("  dflash2@N=3 ") and "- ms/token end to end (0 samples timed)" in ln for ln in lines)
+        assert any("scoring and the analysis forwards apart" in ln for ln in lines)
         page = write_report(tmp_path, recs, summary).read_text()
-        assert "End to end per arm (this process" in page and "3 samples timed" in page
-        cells = ["ar", "3", "120", "0.096", "0.800", "0.600", "32.00", "15.0", "10.0"]
+        assert "End to end per arm (this process" in page and "6 samples timed" in page
+        cells = ["ar", "3", "120", "0.100", "0.750", "0.600", "30.00", "20.0", "1.000", "1.000", "3.00", "1.0"]
         assert "".join(f"<td>{c}</td>" for c in cells) in page
-        assert "<td>dflash2@N=5</td><td>0</td><td>0</td><td>0.000</td><td>-</td>" in page
+        assert "<td>dflash2@N=5</td><td>3</td><td>120</td><td>0.046</td><td>0.375</td>" in page
+        assert "<td>dflash2@N=3</td><td>0</td><td>0</td><td>0.000</td><td>-</td>" in page
     buf = io.StringIO()
     print_summary(s, file=buf)  # a summary rebuilt from records alone has no end_to_end: no lines
     assert "end to end" not in buf.getvalue() and "End to end" not in write_report(tmp_path, recs, s).read_text()
     sharded = summarize_end_to_end({"ar": timed}, rank=0, world_size=2)
     assert "End to end per arm (rank 0 of 2" in write_report(tmp_path, recs, {**s, "end_to_end": sharded}).read_text()
+
+
+def test_end_to_end_speedups_need_the_same_samples():
+    base = ArmTiming(samples=2, chunks=2, tokens=20, total_s=0.5, generation_s=0.4, sample_ids={"a", "b"})
+    other = ArmTiming(samples=2, chunks=2, tokens=20, total_s=0.25, generation_s=0.2, sample_ids={"a", "c"})
+    got = summarize_end_to_end({"ar": base, "x": other}, baseline="ar")["per_arm"]["x"]
+    assert got["speedup_end_to_end"] != got["speedup_end_to_end"] and got["generation_speedup"] != got["generation_speedup"]
+    none = summarize_end_to_end({"ar": base, "x": other})["per_arm"]["x"]  # no baseline named
+    assert none["speedup_end_to_end"] != none["speedup_end_to_end"]
 
 
 def test_optional_plots(run, tmp_path):

@@ -268,12 +268,19 @@ def test_end_to_end_time_covers_the_records_this_process_generated(tmp_path, cap
         # Nested intervals of one clock: the chunk holds the call, the scorers and the extra forwards.
         assert e["generation_s"] == pytest.approx(sum(r.wall_s for r in mine), rel=1e-9)
         assert e["total_s"] >= e["generation_s"] + e["score_s"] + e["analysis_s"] and e["generation_s"] > 0
-        assert e["host_s"] == pytest.approx(e["total_s"] - e["generation_s"] - e["analysis_s"])
-        assert e["ms_per_token"] == pytest.approx(1e3 * e["total_s"] / e["tokens"])
+        # End to end is the arm's own work: scoring and the analysis forwards are apart.
+        assert e["serve_s"] == pytest.approx(e["total_s"] - e["score_s"] - e["analysis_s"])
+        assert e["host_s"] == pytest.approx(e["serve_s"] - e["generation_s"])
+        assert e["ms_per_token"] == pytest.approx(1e3 * e["serve_s"] / e["tokens"])
         assert e["ms_per_token"] >= e["generation_ms_per_token"] > 0 and 0 <= e["host_fraction"] <= 1
-        assert e["ms_per_sample"] == pytest.approx(1e3 * e["total_s"] / 4)
+        assert e["ms_per_sample"] == pytest.approx(1e3 * e["serve_s"] / 4)
+        # Every record was generated here, so the generation speedup is the summary's headline one.
+        base = e2e["per_arm"][e2e["baseline"]]
+        assert e["generation_speedup"] == pytest.approx(summary["per_arm"][arm]["overall"]["speedup"], rel=1e-9)
+        assert e["speedup_end_to_end"] == pytest.approx(base["serve_s"] / e["serve_s"], rel=1e-9)
         line = next(ln for ln in printed.splitlines() if ln.startswith(f"  {arm} "))
         assert f"{e['ms_per_token']:.3f} ms/token end to end" in line and "4 samples" in line
+        assert (f"speedup {e['speedup_end_to_end']:.3f} end to end" in line) == (arm != e2e["baseline"])
     assert "End to end per arm" in (out / "report.html").read_text()
 
     # Resumed after losing the last 5 records: only those 5 are generated, and only they are timed.
@@ -292,6 +299,7 @@ def test_end_to_end_time_covers_the_records_this_process_generated(tmp_path, cap
     for arm, e in e2e["per_arm"].items():
         assert (e["samples"], e["tokens"], e["total_s"]) == (0, 0, 0.0)
         assert e["ms_per_token"] is None and e["ms_per_sample"] is None and e["host_fraction"] is None
+        assert e["speedup_end_to_end"] is None and e["generation_speedup"] is None
         assert f"  {arm} " in printed
     assert printed.count("- ms/token end to end (0 samples timed)") == len(e2e["per_arm"])
 

@@ -114,7 +114,10 @@ def verify_rows(summary: dict) -> list[list[str]]:
 
 
 E2E_COLUMNS = ["arm", "samples timed", "tokens", "total s", "ms/token end to end", "ms/token generation",
-               "ms/sample", "host %", "analysis %"]
+               "ms/sample", "host %", "speedup end to end", "speedup generation", "score ms/sample", "analysis %"]
+# What "end to end" covers, for the terminal and the report's headings (`running.timing`).
+E2E_SCOPE = ("each arm's own work: tokenize + generate + decode + write; scoring and the analysis forwards apart; "
+             "speedups over the baseline arm on the same timed samples")
 
 
 def _e2e_where(e2e: dict) -> str:
@@ -128,7 +131,8 @@ def end_to_end_rows(summary: dict) -> list[list[str]]:
     per_arm = (summary.get("end_to_end") or {}).get("per_arm") or {}
     return [[arm, str(e.get("samples", 0)), str(e.get("tokens", 0)), _num(e.get("total_s"), 3),
              _num(e.get("ms_per_token"), 3), _num(e.get("generation_ms_per_token"), 3), _num(e.get("ms_per_sample"), 2),
-             _pct(e.get("host_fraction")), _pct(e.get("analysis_fraction"))] for arm, e in per_arm.items()]
+             _pct(e.get("host_fraction")), _num(e.get("speedup_end_to_end"), 3), _num(e.get("generation_speedup"), 3),
+             _num(e.get("score_ms_per_sample"), 2), _pct(e.get("analysis_fraction"))] for arm, e in per_arm.items()]
 
 
 def identity_line(summary: dict) -> str | None:
@@ -160,18 +164,28 @@ def _end_to_end_lines(summary: dict) -> list[str]:
     e2e = summary.get("end_to_end")
     if not e2e:
         return []
-    lines = [f"\nend to end ({_e2e_where(e2e)}; tokenize + generate + decode + score + write; "
-             "resumed records not timed):"]
+    lines = [f"\nend to end ({_e2e_where(e2e)}; {E2E_SCOPE}; resumed records not timed):"]
     width = max((len(a) for a in e2e.get("per_arm", {})), default=0)
     for arm, e in e2e.get("per_arm", {}).items():
         n = e.get("samples", 0)
         if not n:
             lines.append(f"  {arm:<{width}}  - ms/token end to end (0 samples timed)")
             continue
+        speedup = "" if arm == e2e.get("baseline") else _speedup_words(e)
         lines.append(f"  {arm:<{width}}  {_num(e.get('ms_per_token'), 3)} ms/token end to end (generation "
                      f"{_num(e.get('generation_ms_per_token'), 3)}, host {_pct(e.get('host_fraction'), 0)}%), "
-                     f"{_num(e.get('ms_per_sample'), 2)} ms/sample, {n} samples, {e.get('tokens', 0)} tokens timed")
+                     f"{_num(e.get('ms_per_sample'), 2)} ms/sample{speedup}, scoring "
+                     f"{_num(e.get('score_ms_per_sample'), 2)} ms/sample apart, {n} samples, "
+                     f"{e.get('tokens', 0)} tokens timed")
     return lines
+
+
+def _speedup_words(e: dict) -> str:
+    """", speedup x end to end (y generation)" for an arm's end-to-end line; "" without speedups."""
+    s_e2e, s_gen = e.get("speedup_end_to_end"), e.get("generation_speedup")
+    if s_e2e is None or s_e2e != s_e2e:  # None as read back, NaN in memory: different samples, no baseline
+        return ""
+    return f", speedup {_num(s_e2e, 3)} end to end ({_num(s_gen, 3)} generation)"
 
 
 def _text_table(header: list[str], rows: list[list[str]]) -> str:
@@ -482,7 +496,7 @@ def _sections(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         out.insert(0, ("Run checks", ["check", "result", "details"], check_rows))
     e2e = summary.get("end_to_end")
     if e2e and e2e.get("per_arm"):  # added by the runner too: this process's timed chunks
-        out.append((f"End to end per arm ({_e2e_where(e2e)}: tokenize + generate + decode + score + write; "
+        out.append((f"End to end per arm ({_e2e_where(e2e)}: {E2E_SCOPE}; "
                     f"{e2e.get('samples', 0)} samples timed, resumed records not timed)", E2E_COLUMNS,
                     end_to_end_rows(summary)))
     if disc:

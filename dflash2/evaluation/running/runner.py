@@ -361,7 +361,9 @@ class EvalRunner:
 
     def end_to_end(self) -> dict:
         """summary.json's `end_to_end` for this process (`timing.summarize_end_to_end`)."""
-        return summarize_end_to_end(self.timings, rank=self.shard.rank, world_size=self.shard.world)
+        baseline = next((a.label for a in self.arms if a.spec.baseline), None)
+        return summarize_end_to_end(self.timings, rank=self.shard.rank, world_size=self.shard.world,
+                                    baseline=baseline)
 
     def _warmup(self) -> None:
         """One short untimed generation per arm kind, so one-time setup (allocations, kernel
