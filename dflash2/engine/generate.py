@@ -179,8 +179,9 @@ def speculative_generate(
             (default) = on for a CUDA target outside exact mode whose proposer can be captured
             (the DFlash2 draft, the AR baseline, or a proposer with `graph_safe = True`); False =
             the eager loop; True = on, or an error saying why it cannot be. With graphs the rows run in
-            a batch bucket, and the state and its graphs are kept on the target for the next call
-            (`dflash2.engine.state`; `release_decode_state(model)` frees them).
+            a batch bucket, and the state and its graphs are kept on the target for later calls
+            with the same settings (the most recently used few, `dflash2.engine.state`;
+            `release_decode_state(model)` frees them).
         compile_level: None (off), `"light"` or `"full"`: compile the target's (and a DFlash2
             draft's) small-kernel modules with `torch.compile` first, in place and once per model
             (`dflash2.engine.compiled`): fused norm / activation (and, "full", attention-side)
@@ -275,7 +276,7 @@ def speculative_generate(
     settings = dict(n_spec=n_spec, width=width, sampled=sampled, top_k=top_k if sampled else 0,
                     top_p=top_p if sampled else 1.0, n_stops=None if stops is None else stops.numel(),
                     layer_ids=layer_ids, engine=engine)
-    # The graph path runs in a batch-bucket state kept on the target for the next call
+    # The graph path runs in a batch-bucket state kept on the target for later calls
     # (dflash2.engine.state), keyed by the draft or proposer object and its tensors' storage: a
     # later call with the same one replays its graphs.
     state, key, batch = None, None, bsz

@@ -12,21 +12,26 @@ per-row tensor), so a CUDA graph captured from it by one call replays correctly 
 they ride along like finished rows, commit nothing and are not prefilled (the prefill writes rows
 0..B-1 only); their outputs are dropped.
 
-**Reuse across calls.** The state, with the CUDA graphs captured on it (one per K/V bucket),
-stays on the target model after the call (`model._dflash2_decode_state`, the last state only) and
-serves the next call whose `state_key` matches (same weights in place, same draft, N, batch
-bucket, sampling filters, stop-token count, kernels) and whose rows fit its slots: the call loads
-its prompts into the buffers in place, and the graphs of earlier calls replay from its second
-step on, with no capture. A different key frees the old state before the new one is built;
-`release_decode_state(model)` frees it at once (its K/V buffers and graph pools stay allocated
-until then). Exact mode, the eager loop and custom proposers (whose state is their own) build a
-state per call, at the call's own batch size.
+**Reuse across calls.** A state, with the CUDA graphs captured on it (one per K/V bucket), stays
+on the target model after the call (`model._dflash2_decode_state`, a `KeptStates`: the
+`MAX_KEPT_STATES` most recently used, within `kept_bytes_cap` of their buffers' bytes) and serves
+a later call whose `state_key` matches (same weights in place, same draft, N, batch bucket,
+sampling filters, stop-token count, kernels) and whose rows fit its slots: the call loads its
+prompts into the buffers in place, and the graphs of earlier calls replay from its second step on,
+with no capture. An evaluation that interleaves arms per prompt (AR, several N, several drafts)
+therefore captures each arm's graphs once, not once per call. A state of the same key and batch
+that is too short is freed before its longer successor is built; past either cap the least
+recently used states not in use are freed (so a new state may briefly sit beside the ones it
+displaces). `release_decode_state(model)` frees them all at once (their K/V buffers and graph
+pools stay allocated until then). The eager loop and custom proposers (whose state is their own)
+build a state per call, at the call's own batch size.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 import torch
@@ -46,6 +51,8 @@ from dflash2.target import TargetModel
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)  # graph-path batch sizes; above 32, multiples of 32
 LEN_BUCKET = 512  # slots per row of a reusable state, rounded up to a multiple of this
 _ATTR = "_dflash2_decode_state"
+MAX_KEPT_STATES = 8  # decoding states kept on a target between calls (least recently used freed first)
+KEPT_MEMORY_FRACTION = 0.25  # of a CUDA device's memory: the kept states' buffers together
 
 
 def _selector_head_group(proposer, tgt: TargetModel) -> list[FusedLinears]:
@@ -94,33 +101,120 @@ def state_key(tgt: TargetModel, draft, **settings) -> tuple:
             tuple(sorted(settings.items())))
 
 
+def kept_bytes_cap(device: torch.device) -> int | None:
+    """Bytes the kept states' buffers may take together on `device`: `KEPT_MEMORY_FRACTION` of a
+    CUDA device's memory; None (no cap but `MAX_KEPT_STATES`) elsewhere."""
+    if device.type != "cuda":
+        return None
+    return int(KEPT_MEMORY_FRACTION * torch.cuda.get_device_properties(device).total_memory)
+
+
+def state_nbytes(state: DecodeState) -> int:
+    """Bytes of the tensors a state holds (its buffers, its target cache, its proposer's caches),
+    each storage once; the weights of the models it refers to are not counted. Graph pools are
+    not tensors and are not counted."""
+    seen, total = set(), 0
+    stack = [(state, 0)]
+    while stack:
+        obj, depth = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            ptr = obj.untyped_storage().data_ptr()
+            if ptr not in seen:
+                seen.add(ptr)
+                total += obj.untyped_storage().nbytes()
+        elif isinstance(obj, (torch.nn.Module, TargetModel)) or depth > 4:
+            continue
+        elif isinstance(obj, (list, tuple)):
+            stack += [(x, depth + 1) for x in obj]
+        elif isinstance(obj, dict):
+            stack += [(x, depth + 1) for x in obj.values()]
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            stack += [(x, depth + 1) for x in vars(obj).values()]
+    return total
+
+
+class KeptStates:
+    """The decoding states kept on one target between calls, least recently used first.
+
+    A state in use by a call holds its `lock`; `take` and eviction never touch it. Every state
+    here has a `key`; a call of another key, batch or length builds its own and `keep`s it.
+    """
+
+    def __init__(self):
+        self.states: OrderedDict[int, DecodeState] = OrderedDict()  # id(state) -> state, LRU first
+
+    def take(self, key: tuple, batch: int, max_len: int) -> DecodeState | None:
+        """The most recent state for `key` with `batch` rows and at least `max_len` slots that no
+        other call is using, locked and marked most recently used; None if there is none. A state of
+        that key and batch with fewer slots is freed first (a longer one replaces it)."""
+        for sid, held in reversed(list(self.states.items())):
+            if held.key != key or held.batch != batch:
+                continue
+            if held.max_len >= max_len:
+                if held.lock.acquire(blocking=False):  # in use by another thread: look further, else build
+                    self.states.move_to_end(sid)
+                    return held
+            elif held.lock.acquire(blocking=False):
+                self._free(sid)
+        return None
+
+    def keep(self, state: DecodeState, cap_bytes: int | None) -> None:
+        """Add `state` (most recently used), then free the least recently used states not in use
+        while more than `MAX_KEPT_STATES` are kept or, with `cap_bytes`, their bytes exceed it."""
+        self.states[id(state)] = state
+        sizes = {sid: state_nbytes(s) for sid, s in self.states.items()}
+        for sid in list(self.states):
+            over_count = len(self.states) > MAX_KEPT_STATES
+            over_bytes = cap_bytes is not None and sum(sizes[k] for k in self.states) > cap_bytes
+            if not (over_count or over_bytes):
+                break
+            if sid != id(state) and self.states[sid].lock.acquire(blocking=False):
+                self._free(sid)
+
+    def _free(self, sid: int) -> None:
+        """Close and forget a state whose lock the caller holds."""
+        held = self.states.pop(sid)
+        held.close()
+        held.lock.release()
+
+    def release_all(self) -> int:
+        """Close and forget every state (in use or not: the caller is done with the target); how many."""
+        n = len(self.states)
+        for held in self.states.values():
+            held.close()
+        self.states.clear()
+        return n
+
+    def latest(self) -> DecodeState | None:
+        """The most recently used state, None if none is kept."""
+        return next(reversed(self.states.values()), None)
+
+
 def release_decode_state(model) -> bool:
-    """Drop the decoding state (K/V buffers, CUDA graphs) kept on `model` (an HF model or a
-    `TargetModel`) for the next call; True if there was one."""
+    """Drop the decoding states (K/V buffers, CUDA graphs) kept on `model` (an HF model or a
+    `TargetModel`) for later calls; True if there was one."""
     hf = model.model if isinstance(model, TargetModel) else model
     held = hf.__dict__.pop(_ATTR, None)
-    if held is not None:
-        held.close()
-    return held is not None
+    return held is not None and held.release_all() > 0
+
+
+def kept_states(model) -> KeptStates | None:
+    """The `KeptStates` of `model` (an HF model or a `TargetModel`), None before any was kept."""
+    hf = model.model if isinstance(model, TargetModel) else model
+    return hf.__dict__.get(_ATTR)
 
 
 def kept_state(tgt: TargetModel, key: tuple, batch: int, max_len: int) -> DecodeState | None:
-    """The state kept on the target for `key` if it has `batch` rows and at least `max_len` slots
-    and no other call is using it; a state kept for another key (or too small) is released first."""
-    held = tgt.model.__dict__.get(_ATTR)
-    if held is None:
-        return None
-    if held.key == key and held.batch == batch and held.max_len >= max_len:
-        return held if held.lock.acquire(blocking=False) else None  # in use by another thread: build one
-    if held.lock.acquire(blocking=False):  # not in use: free it before a new state is allocated
-        tgt.model.__dict__.pop(_ATTR, None)
-        held.close()
-        held.lock.release()
-    return None
+    """A kept state for `key` with `batch` rows and at least `max_len` slots that no other call is
+    using, locked; None if the call must build one (`KeptStates.take`)."""
+    held = kept_states(tgt)
+    return None if held is None else held.take(key, batch, max_len)
 
 
 def keep_state(tgt: TargetModel, state: DecodeState) -> None:
-    tgt.model.__dict__[_ATTR] = state
+    """Keep `state` on the target for later calls (`KeptStates.keep`, capped on its device)."""
+    held = tgt.model.__dict__.setdefault(_ATTR, KeptStates())
+    held.keep(state, kept_bytes_cap(tgt.device))
 
 
 def prefill_rows(tgt: TargetModel, rows: list[torch.Tensor], cache: StaticTargetCache, layer_ids: list[int],

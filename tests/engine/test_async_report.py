@@ -140,7 +140,7 @@ def test_a_step_on_finished_rows_changes_nothing(models, monkeypatch):
     engine_state.release_decode_state(target)
     out = speculative_generate(target, draft, prompts, max_new_tokens=12, num_speculative_tokens=5, graphs=True,
                                temperature=1.0, seed=[4, 5, 6])
-    state = target.__dict__[engine_state._ATTR]
+    state = engine_state.kept_states(target).latest()
     before = {name: getattr(state, name).clone() for name in ("tokens", "gen", "done", "hit_stop", "budget")}
     lengths = state.cache.lengths.clone()
     state.step(state.max_len)

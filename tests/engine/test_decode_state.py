@@ -46,7 +46,9 @@ def _prompts(seed: int, lengths) -> list[torch.Tensor]:
 
 
 def _kept(target):
-    return target.__dict__.get(engine_state._ATTR)
+    """The most recently used state kept on the target (None if none)."""
+    held = engine_state.kept_states(target)
+    return None if held is None else held.latest()
 
 
 def _check(target, drafter, prompts, **kw):
@@ -153,6 +155,63 @@ def test_release_and_a_state_in_use(models, fake_graphs):
     finally:
         gc.enable()
     assert release_decode_state(target) is False
+
+
+def test_interleaved_arms_each_replay_their_own_kept_state(models, fake_graphs):
+    """An evaluation's loop: AR, N = 3 and N = 5 interleaved per prompt. From the second round on
+    every call finds its own state and captures nothing, and the tokens stay the eager loop's."""
+    target, draft = models
+    release_decode_state(target)
+    arms = [(None, {}), (draft, dict(num_speculative_tokens=3)), (draft, dict(num_speculative_tokens=5))]
+    states = {}
+    for round_ in range(3):
+        prompts = _prompts(20 + round_, (6, 9))
+        for i, (drafter, kw) in enumerate(arms):
+            out = _check(target, drafter, prompts, max_new_tokens=12, **kw)
+            if round_ == 0:
+                assert out.times.graph_captures >= 1
+                states[i] = _kept(target)
+            else:
+                assert _kept(target) is states[i] and out.times.graph_captures == 0
+    assert len(engine_state.kept_states(target).states) == 3
+
+
+def test_kept_states_are_capped_least_recently_used_first(models, fake_graphs, monkeypatch):
+    target, draft = models
+    release_decode_state(target)
+    monkeypatch.setattr(engine_state, "MAX_KEPT_STATES", 2)
+    prompts = _prompts(30, (5, 7))
+    built = []
+    for n in (2, 3, 2, 4):  # N = 2 is used again before N = 4 arrives, so N = 3 is the one freed
+        _check(target, draft, prompts, max_new_tokens=8, num_speculative_tokens=n)
+        built.append(_kept(target))
+    kept = engine_state.kept_states(target)
+    assert built[2] is built[0] and list(kept.states.values()) == [built[0], built[3]]
+    assert built[1].runner is None  # closed: its graphs are gone
+    # A state in use is never freed, even past the cap; the next keep frees it once it is free.
+    built[0].lock.acquire()
+    try:
+        _check(target, draft, prompts, max_new_tokens=8, num_speculative_tokens=5)
+        assert built[0] in kept.states.values() and built[3] not in kept.states.values()
+    finally:
+        built[0].lock.release()
+    # By bytes: a cap below two states' buffers keeps only the newest.
+    one = engine_state.state_nbytes(_kept(target))
+    assert one > 0
+    monkeypatch.setattr(engine_state, "kept_bytes_cap", lambda device: one + one // 2)
+    _check(target, draft, prompts, max_new_tokens=8, num_speculative_tokens=6)
+    assert list(kept.states.values()) == [_kept(target)]
+    assert release_decode_state(target) is True and engine_state.kept_states(target) is None
+
+
+def test_state_bytes_count_the_buffers_not_the_weights(models, fake_graphs):
+    target, draft = models
+    release_decode_state(target)
+    _check(target, draft, _prompts(31, (5, 7)), max_new_tokens=8, num_speculative_tokens=3)
+    state = _kept(target)
+    weights = sum(p.numel() * p.element_size() for p in (*target.parameters(), *draft.parameters()))
+    kv = sum(t.untyped_storage().nbytes() for layer in state.cache.layers for t in (layer.keys, layer.values))
+    assert kv <= engine_state.state_nbytes(state) < kv + weights
 
 
 def test_eager_loop_and_custom_proposers_keep_no_state(models):

@@ -27,7 +27,7 @@ import torch
 
 from dflash2 import speculative_generate
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, sync_check
-from dflash2.engine.state import release_decode_state
+from dflash2.engine.state import kept_states, release_decode_state
 from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
 from tests.gpu.helpers import cuda_models_then_write
 
@@ -117,7 +117,7 @@ def test_graphs_of_one_call_replay_in_the_next(models, temperature):
         assert graphed.accepted == eager.accepted
         t = graphed.times
         assert t.graph_error is None and t.graph_replays == len(t.verify) - t.graph_captures > 0
-        kept = target.__dict__["_dflash2_decode_state"]  # kept on the HF model
+        kept = kept_states(target).latest()  # kept on the HF model
         assert kept.batch == 4
         if i == 0:
             assert t.graph_captures >= 2
@@ -143,7 +143,7 @@ def test_the_host_waits_only_for_the_step_before_the_one_queued(models):
         kw = dict(max_new_tokens=new, num_speculative_tokens=n)
         release_decode_state(target)
         first = speculative_generate(target, drafter, prompts[:1], **kw)  # captures every bucket
-        reports = target.__dict__["_dflash2_decode_state"].reports
+        reports = kept_states(target).latest().reports
         posted, waits = reports.posted, reports.waits
         steps = max(map(len, first.accepted))
 
