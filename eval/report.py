@@ -18,7 +18,8 @@ sample) (`dflash2.evaluation.running.sharding.compare_runs` on the `tokens` fiel
 the first differing keys, writes nothing, and exits with status 1 when they differ.
 
 Keys of an existing summary.json that come from the run rather than the records (`checks`,
-`run_id`, `prompt_format`, `end_to_end`: the runner's timing, which the records cannot rebuild) are kept.
+`run_id`, `prompt_format`, `end_to_end`: the runner's timing, and `engine`: the settings each arm ran
+under, which the records cannot rebuild) are kept.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import argparse
 import json
 from pathlib import Path
 
-KEEP = ("checks", "run_id", "prompt_format", "end_to_end")
+KEEP = ("checks", "run_id", "prompt_format", "end_to_end", "engine")
 
 
 def read_config(run_dir: Path) -> dict | None:

@@ -58,6 +58,7 @@ from dflash2.engine.graphs import GRAPH_KV_BUCKET, StepGraphs
 from dflash2.engine.inputs import GenerateInputError, check_generate_inputs
 from dflash2.engine.reports import ACC, ACTIVE, BAD, DONE, END, NEW, VLEN
 from dflash2.engine.sampling import invalid_rows, row_seeds
+from dflash2.engine.settings import EngineSettings
 from dflash2.engine.state import (LEN_BUCKET, DecodeState, batch_bucket, keep_state, kept_state, prefill_rows,
                                   round_up, state_key)
 from dflash2.engine.stats import StepTimes, summarize
@@ -84,6 +85,8 @@ class SpeculativeOutput:
         verify_lengths: per row, per step, the step's verify length: the drafted tokens it could
             accept (N with `verify="chain"`, 1..N with `"adaptive"`, 0 for AR); `accepted[b][k] <=
             verify_lengths[b][k]`, and a ragged verify would score `verify_lengths[b][k] + 1` rows.
+        settings: the call's resolved `EngineSettings` (kernels, linear and attention impls, exact
+            mode, compile level, graphs, verify policy): what ran, for the caller to record.
     """
 
     sequences: list[torch.Tensor]
@@ -93,6 +96,7 @@ class SpeculativeOutput:
     num_speculative_tokens: int
     times: StepTimes = field(default_factory=StepTimes)
     verify_lengths: list[list[int]] = field(default_factory=list)
+    settings: EngineSettings | None = None
 
     @property
     def generated(self) -> list[torch.Tensor]:
@@ -242,7 +246,7 @@ def speculative_generate(
     p_max = max(plen_host)
     if max_new_tokens == 0:
         return SpeculativeOutput([r.cpu() for r in rows], [[] for _ in rows], plen_host, ["length"] * bsz, n_spec,
-                                 verify_lengths=[[] for _ in rows])
+                                 verify_lengths=[[] for _ in rows], settings=checked.settings)
 
     engine = checked.settings  # resolved once, passed down (dflash2.engine.settings): nothing is set on the models
     if engine.compile_level is not None:
@@ -373,7 +377,7 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
     tok_cpu = state.tokens[:bsz].cpu()
     reasons = ["stop" if h else "length" for h in state.hit_stop[:bsz].tolist()]
     seqs = [tok_cpu[b, : plen_host[b] + gen_host[b]].clone() for b in range(bsz)]
-    return SpeculativeOutput(seqs, accepted, plen_host, reasons, n_spec, times, verify_lengths)
+    return SpeculativeOutput(seqs, accepted, plen_host, reasons, n_spec, times, verify_lengths, state.engine)
 
 
 @contextlib.contextmanager

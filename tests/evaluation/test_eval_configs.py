@@ -54,6 +54,7 @@ def test_typo_fails_with_its_name(override):
     ("compile_level=fast", "compile_level"),
     ("compile_level=light exact=true", "exact mode runs its own kernels uncompiled"),
     ("attention_impl=flash", "attention_impl"), ("exact=true exact_impl=fast", "exact_impl"),
+    ("linear_impl=cublas", "linear_impl"), ("linear_impl=triton exact=true", "exact mode picks its own"),
 ])
 def test_inconsistent_settings_fail_with_the_fix(override, match):
     cfg = _compose(["experiment=tiny_cpu", *override.split()])
@@ -87,6 +88,17 @@ def test_triton_attention_is_refused_before_work_where_it_cannot_run(monkeypatch
     validate(cfg)
 
 
+def test_triton_linear_is_refused_before_work_where_it_cannot_run(monkeypatch):
+    import dflash2.kernels.dispatch as dispatch
+
+    cfg = _compose(["experiment=tiny_cpu", "linear_impl=triton", "hardware.device=cpu"])
+    monkeypatch.setattr(dispatch, "triton_interpreter_enabled", lambda: False)
+    with pytest.raises(ValueError, match="linear_impl=triton: impl='triton' cannot run on device cpu"):
+        validate(cfg)
+    monkeypatch.setattr(dispatch, "triton_interpreter_enabled", lambda: True)
+    validate(cfg)
+
+
 def test_run_identity_ignores_output_and_logger_but_not_format():
     fmt = {"chat_template_sha": "abc", "enable_thinking": False, "hash": "h1"}
     a, _ = run_identity(_compose(["experiment=tiny_cpu", "output_dir=/a"]), fmt)
@@ -95,7 +107,8 @@ def test_run_identity_ignores_output_and_logger_but_not_format():
     d, _ = run_identity(_compose(["experiment=tiny_cpu", "output_dir=/a"]), {**fmt, "enable_thinking": True})
     e, _ = run_identity(_compose(["experiment=tiny_cpu", "compile_level=light"]), fmt)  # may change bf16 outputs
     f, _ = run_identity(_compose(["experiment=tiny_cpu", "attention_impl=torch"]), fmt)  # likewise
-    assert a == b and len({a, c, d, e, f}) == 5
+    g, _ = run_identity(_compose(["experiment=tiny_cpu", "linear_impl=triton"]), fmt)  # likewise
+    assert a == b and len({a, c, d, e, f, g}) == 6
 
 
 def test_per_dataset_limits_override_the_common_limit():

@@ -282,6 +282,15 @@ def test_end_to_end_time_covers_the_records_this_process_generated(tmp_path, cap
         assert f"{e['ms_per_token']:.3f} ms/token end to end" in line and "4 samples" in line
         assert (f"speedup {e['speedup_end_to_end']:.3f} end to end" in line) == (arm != e2e["baseline"])
     assert "End to end per arm" in (out / "report.html").read_text()
+    # What every arm ran under, as the engine resolved it (the CPU: reference kernels, no graphs).
+    assert list(summary["engine"]) == summary["arms"]
+    for arm, e in summary["engine"].items():
+        assert (e["linear_impl"], e["exact"], e["graphs"], e["graph_error"], e["varied"]) == ("torch", False, False,
+                                                                                              None, [])
+        assert e["verify"] == "chain" and e["kernel_impl"] in ("torch", "triton")
+    line = next(ln for ln in printed.splitlines() if ln.startswith("engine (every arm): "))
+    assert "linear torch" in line and "graphs off" in line and "exact off" in line
+    assert "Engine settings per arm" in (out / "report.html").read_text()
 
     # Resumed after losing the last 5 records: only those 5 are generated, and only they are timed.
     lines = (out / "records.jsonl").read_text().splitlines(keepends=True)

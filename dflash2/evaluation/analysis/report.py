@@ -188,6 +188,45 @@ def _speedup_words(e: dict) -> str:
     return f", speedup {_num(s_e2e, 3)} end to end ({_num(s_gen, 3)} generation)"
 
 
+ENGINE_COLUMNS = ["arm", "kernels", "attention", "linear", "compile", "graphs", "exact", "verify", "graph fallback",
+                  "varied between calls"]
+
+
+def _engine_cells(e: dict) -> list[str]:
+    """One arm's engine settings (summary.json's `engine[arm]`) as `ENGINE_COLUMNS[1:]` cells."""
+    exact = f"{e.get('exact_impl')} (width {e.get('exact_block_size')})" if e.get("exact") else "off"
+    verify = e.get("verify", "chain") + (f" {e.get('tree_budget')} nodes" if e.get("verify") == "tree" else "")
+    linear = "exact mode's own" if e.get("exact") else str(e.get("linear_impl"))
+    return [str(e.get("kernel_impl")), str(e.get("attention_impl")), linear, str(e.get("compile_level") or "off"),
+            "on" if e.get("graphs") else "off", exact, verify, str(e.get("graph_error") or "-"),
+            ", ".join(e.get("varied") or []) or "-"]
+
+
+def engine_rows(summary: dict) -> list[list[str]]:
+    """Rows (see `ENGINE_COLUMNS`) of the summary's `engine`: per arm, what its calls ran under."""
+    return [[arm, *_engine_cells(e)] for arm, e in (summary.get("engine") or {}).items()]
+
+
+def _engine_lines(summary: dict) -> list[str]:
+    """The terminal's engine line: the settings every arm shared (verify policies are in their own
+    table), or one line per arm where they differ; [] without the runner's `engine`."""
+    rows = engine_rows(summary)
+    if not rows:
+        return []
+    def tail(r: list[str]) -> str:
+        return (("" if r[8] == "-" else f"; graph path fell back: {r[8]}")
+                + ("" if r[9] == "-" else f"; varied between calls: {r[9]}"))
+
+    if len({tuple(r[1:7] + r[8:]) for r in rows}) == 1:
+        c = rows[0]
+        return [f"\nengine (every arm): kernels {c[1]}, attention {c[2]}, linear {c[3]}, compile {c[4]}, "
+                f"graphs {c[5]}, exact {c[6]}{tail(c)}"]
+    width = max(len(r[0]) for r in rows)
+    return ["\nengine per arm:"] + [f"  {r[0]:<{width}}  kernels {r[1]}, attention {r[2]}, linear {r[3]}, "
+                                     f"compile {r[4]}, graphs {r[5]}, exact {r[6]}, verify {r[7]}{tail(r)}"
+                                     for r in rows]
+
+
 def _text_table(header: list[str], rows: list[list[str]]) -> str:
     header, rows = drop_empty(header, rows)
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
@@ -199,7 +238,8 @@ def _text_table(header: list[str], rows: list[list[str]]) -> str:
 def print_summary(summary: dict, file: TextIO | None = None) -> None:
     """Print the terminal summary: overall table, one table per dataset, the verify-policy table
     (when an arm ran adaptive or tree verify), one end-to-end line per arm (when the summary has
-    the runner's `end_to_end`), then the notes."""
+    the runner's `end_to_end`), the engine settings the arms ran under (the runner's `engine`),
+    then the notes."""
     out = file or sys.stdout
     temps = ", ".join(f"{t:g}" for t in summary.get("temperatures", []))
     print(f"\n{summary['n_samples']} samples ({', '.join(summary['datasets'])}), T = {temps}; "
@@ -215,7 +255,7 @@ def print_summary(summary: dict, file: TextIO | None = None) -> None:
     if has_verify_policies(summary):
         print("\nverify policies (rows per step: what a verify of the step's own length scores):", file=out)
         print(_text_table(VERIFY_COLUMNS, verify_rows(summary)), file=out)
-    for line in _end_to_end_lines(summary):
+    for line in _end_to_end_lines(summary) + _engine_lines(summary):
         print(line, file=out)
     for note in summary.get("notes", []):
         print(f"note: {note}", file=out)
@@ -499,6 +539,8 @@ def _sections(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         out.append((f"End to end per arm ({_e2e_where(e2e)}: {E2E_SCOPE}; "
                     f"{e2e.get('samples', 0)} samples timed, resumed records not timed)", E2E_COLUMNS,
                     end_to_end_rows(summary)))
+    if summary.get("engine"):  # added by the runner: what each arm's calls ran under
+        out.append(("Engine settings per arm", ENGINE_COLUMNS, engine_rows(summary)))
     if disc:
         out.append(("Discordant correctness (McNemar)", ["arm", "sample", "correct in"], disc))
     if deps:

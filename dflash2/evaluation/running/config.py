@@ -141,6 +141,12 @@ class EvalConfig:
         attention_impl: auto | torch | triton: the target attention's kernel
             (`dflash2.kernels.row_attention`; auto = Triton on CUDA, the SDPA reference on CPU).
             Part of the run's identity for the same reason; exact mode keeps its own kernel.
+        linear_impl: torch | triton | auto: the target's and the draft's linear layers at decode
+            and verify sizes (`speculative_generate`'s `linear_impl`: `F.linear`, or the small-M
+            weight-streaming kernel; auto = Triton on CUDA, torch on CPU). Part of the run's identity;
+            exact mode picks its own kernels (the invariant small-M linear), so triton is refused
+            with `exact=true` and not passed when exact mode resolves on. The summary's `engine`
+            records, per arm, the settings each arm's calls resolved to.
         compute_logprob: record the target's mean log-probability of each output (one extra
             target forward per distinct output).
         compute_departure: for outputs that differ from AR, the target's top-1/top-2 logit
@@ -170,6 +176,7 @@ class EvalConfig:
     exact_impl: str = "auto"
     compile_level: str | None = None
     attention_impl: str = "auto"
+    linear_impl: str = "torch"
     compute_logprob: bool = True
     compute_departure: bool = True
     judge: str | None = None
@@ -233,6 +240,20 @@ def validate(cfg: Any) -> None:
             resolve_impl(attention, resolve_device(cfg.hardware))
         except RuntimeError as exc:
             raise ValueError(f"attention_impl=triton: {exc}") from None
+    linear = getattr(cfg, "linear_impl", "torch")
+    if linear not in IMPLS:
+        raise ValueError(f"linear_impl={linear!r}: use one of {', '.join(IMPLS)}")
+    if linear == "triton":
+        if cfg.exact:
+            raise ValueError("linear_impl=triton with exact=true: exact mode picks its own (invariant) linear "
+                             "kernel; drop one of the two")
+        from dflash2.kernels.dispatch import resolve_impl
+        from dflash2.runconfig import resolve_device
+
+        try:
+            resolve_impl(linear, resolve_device(cfg.hardware))
+        except RuntimeError as exc:
+            raise ValueError(f"linear_impl=triton: {exc}") from None
     # Exact mode's settings are checked by the engine's own resolver, the one the runner resolves
     # them with (`dflash2.engine.inputs.resolve_exact`), here before any model is loaded, on the
     # device the config names (whether it is present is checked where it is used).

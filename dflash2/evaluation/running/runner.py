@@ -24,6 +24,8 @@ fsynced record, with the generation call, the scorers and those extra forwards a
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import logging
@@ -165,6 +167,7 @@ class EvalRunner:
         self._exec_cache: dict[tuple[str, str], dict] = {}
         self._ar_top: dict[str, tuple[list, list]] = {}  # sample_id -> AR top-2 logits/ids per position
         self.timings = {a.label: ArmTiming() for a in self.arms}
+        self.engine: dict[str, dict] = {}  # arm label -> the engine settings its calls resolved to
 
     # ------------------------------------------------------------------ setup
     def _load_draft(self):
@@ -359,6 +362,17 @@ class EvalRunner:
         bar.close()
         return records
 
+    def _note_engine(self, label: str, out) -> None:
+        """Record what arm `label`'s call ran (`SpeculativeOutput.settings`, and the first reason a
+        graph path fell back to the eager loop) for summary.json's `engine`. The first call of an arm
+        sets it; the names of settings a later call resolved otherwise go to its `varied` list."""
+        if out.settings is None:
+            return
+        ran = dataclasses.asdict(out.settings)
+        seen = self.engine.setdefault(label, {**ran, "graph_error": None, "varied": []})
+        seen["varied"] += [k for k, v in ran.items() if seen[k] != v and k not in seen["varied"]]
+        seen["graph_error"] = seen["graph_error"] or out.times.graph_error
+
     def end_to_end(self) -> dict:
         """summary.json's `end_to_end` for this process (`timing.summarize_end_to_end`)."""
         baseline = next((a.label for a in self.arms if a.spec.baseline), None)
@@ -412,6 +426,8 @@ class EvalRunner:
         attention = getattr(cfg, "attention_impl", "auto")
         if attention != "auto":
             kw["attention_impl"] = attention
+        if not self.exact:  # exact mode picks its own linear kernel
+            kw["linear_impl"] = getattr(cfg, "linear_impl", "torch")
         kw.update(arm.verify_kwargs)  # its kind's verify policy (and tree budget); {} for the chain
         t0 = self._clock()
         try:
@@ -424,6 +440,7 @@ class EvalRunner:
                 raise RuntimeError("exact=true but this engine has no exact mode; set exact=false") from e
             raise
         wall = self._clock() - t0
+        self._note_engine(arm.label, out)
         score_s = analysis_s = 0.0
         recs = []
         for b, ((item, turn), sid) in enumerate(zip(todo, sids)):
@@ -551,6 +568,7 @@ def finish(cfg, out_dir: Path, records: list[Record | dict], runner: EvalRunner 
     if runner is not None:
         summary["run_id"], summary["prompt_format"] = runner.run_id, runner.fmt.to_dict()
         summary["end_to_end"] = runner.end_to_end()  # this process's timed chunks (rank 0's when sharded)
+        summary["engine"] = runner.engine  # per arm, the settings its calls resolved to
     from dflash2.evaluation.analysis.cost import add_to_summary
 
     predictions = add_to_summary(summary, records)  # summary["cost_model"] (in-sample) + a note
