@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 
 
 from dflash2.runconfig import DraftSpec, HardwareSpec, LoggerSpec, TargetSpec, random_target_config
@@ -136,10 +137,17 @@ def phase_table(events, n_steps: int) -> str:
     """Markdown: per `distill.*` profiler range of the trainer (batch, target_pass, mask, forward,
     backward, optimizer), its calls, host ms and GPU ms per step (GPU = kernels launched inside the
     range on its thread), and the GPU time outside every range (the autograd engine's backward
-    kernels, launched on its own thread, land there). `events`: `profile.key_averages()`."""
+    kernels, launched on its own thread, land there). `events`: `profile.key_averages()`.
+    On CUDA each range also appears as a device-side user annotation spanning its kernels; those
+    rows are spans, not kernels, so they are neither phases nor counted in the GPU totals."""
     def gpu(e) -> float:
         return float(getattr(e, "device_time_total", 0.0) or 0.0)
 
+    def device_annotation(e) -> bool:
+        return bool(getattr(e, "is_user_annotation", False)) and \
+            getattr(e, "device_type", DeviceType.CPU) != DeviceType.CPU
+
+    events = [e for e in events if not device_annotation(e)]
     per = max(int(n_steps), 1) * 1000.0   # us over all steps -> ms per step
     phases = sorted((e for e in events if e.key.startswith("distill.")), key=lambda e: e.key)
     total_gpu = sum(float(getattr(e, "self_device_time_total", 0.0) or 0.0) for e in events)

@@ -29,16 +29,22 @@ def test_a_train_step_runs_inside_the_named_ranges(tmp_path):
 
 
 def test_phase_table_per_step_and_the_remainder():
-    def ev(key, count, cpu, gpu, self_gpu):
+    from torch.autograd import DeviceType
+
+    def ev(key, count, cpu, gpu, self_gpu, **kind):
         return SimpleNamespace(key=key, count=count, cpu_time_total=cpu, device_time_total=gpu,
-                               self_device_time_total=self_gpu)
+                               self_device_time_total=self_gpu, **kind)
 
     events = [ev("distill.forward", 2, 4000.0, 6000.0, 0.0), ev("distill.target_pass", 2, 1000.0, 2000.0, 0.0),
               ev("aten::mm", 10, 500.0, 8000.0, 8000.0), ev("backward_kernel", 4, 0.0, 4000.0, 4000.0)]
-    lines = phase_table(events, 2).splitlines()
-    assert lines[2] == "| forward | 1 | 2.00 | 3.00 |" and lines[3] == "| target_pass | 1 | 0.50 | 1.00 |"
-    assert lines[4].endswith("| 2.00 |")    # (12000 us of kernels - 8000 inside the ranges) / 2 steps
-    assert lines[5] == "| all | - | - | 6.00 |"
+    # On CUDA each range is also a device-side annotation spanning its kernels: not a phase, not kernel time.
+    spans = [ev("distill.forward", 2, 0.0, 7000.0, 7000.0, device_type=DeviceType.CUDA, is_user_annotation=True),
+             ev("distill.target_pass", 2, 0.0, 2500.0, 2500.0, device_type=DeviceType.CUDA, is_user_annotation=True)]
+    for evs in (events, events[:2] + spans + events[2:]):
+        lines = phase_table(evs, 2).splitlines()
+        assert lines[2] == "| forward | 1 | 2.00 | 3.00 |" and lines[3] == "| target_pass | 1 | 0.50 | 1.00 |"
+        assert lines[4].endswith("| 2.00 |")    # (12000 us of kernels - 8000 inside the ranges) / 2 steps
+        assert lines[5] == "| all | - | - | 6.00 |"
 
 
 def _three_steps(out, device="cpu", **train):
