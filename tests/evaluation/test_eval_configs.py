@@ -55,6 +55,7 @@ def test_typo_fails_with_its_name(override):
     ("compile_level=light exact=true", "exact mode runs its own kernels uncompiled"),
     ("attention_impl=flash", "attention_impl"), ("exact=true exact_impl=fast", "exact_impl"),
     ("linear_impl=cublas", "linear_impl"), ("linear_impl=triton exact=true", "exact mode picks its own"),
+    ("graphs=true hardware.device=cpu", "CUDA graphs need a CUDA device, and this run's is cpu"),
 ])
 def test_inconsistent_settings_fail_with_the_fix(override, match):
     cfg = _compose(["experiment=tiny_cpu", *override.split()])
@@ -97,6 +98,17 @@ def test_triton_linear_is_refused_before_work_where_it_cannot_run(monkeypatch):
         validate(cfg)
     monkeypatch.setattr(dispatch, "triton_interpreter_enabled", lambda: True)
     validate(cfg)
+
+
+def test_graphs_with_row_by_row_exact_mode_is_refused_before_work(monkeypatch):
+    import torch
+
+    import dflash2.runconfig as runconfig
+
+    monkeypatch.setattr(runconfig, "resolve_device", lambda hardware: torch.device("cuda"))  # as on a GPU machine
+    cfg = _compose(["experiment=tiny_cpu", "graphs=true", "exact=true", "exact_impl=rows", "hardware.device=auto"])
+    with pytest.raises(ValueError, match="graphs=true with exact_impl=rows"):
+        validate(cfg)
 
 
 def test_run_identity_ignores_output_and_logger_but_not_format():

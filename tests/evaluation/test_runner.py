@@ -284,7 +284,7 @@ def test_end_to_end_time_covers_the_records_this_process_generated(tmp_path, cap
     assert "End to end per arm" in (out / "report.html").read_text()
     # What every arm ran under, as the engine resolved it (the CPU: reference kernels, no graphs).
     assert list(summary["engine"]) == summary["arms"]
-    for arm, e in summary["engine"].items():
+    for e in summary["engine"].values():
         assert (e["linear_impl"], e["exact"], e["graphs"], e["graph_error"], e["varied"]) == ("torch", False, False,
                                                                                               None, [])
         assert e["verify"] == "chain" and e["kernel_impl"] in ("torch", "triton")

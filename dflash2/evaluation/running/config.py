@@ -147,6 +147,9 @@ class EvalConfig:
             exact mode picks its own kernels (the invariant small-M linear), so triton is refused
             with `exact=true` and not passed when exact mode resolves on. The summary's `engine`
             records, per arm, the settings each arm's calls resolved to.
+        graphs: null | true | false: replay the steady-state step from CUDA graphs
+            (`speculative_generate`'s `graphs`; null = on for CUDA where the step can be captured,
+            false = the eager loop, true = on or refused: on a CPU, or with `exact_impl=rows`).
         compute_logprob: record the target's mean log-probability of each output (one extra
             target forward per distinct output).
         compute_departure: for outputs that differ from AR, the target's top-1/top-2 logit
@@ -177,6 +180,7 @@ class EvalConfig:
     compile_level: str | None = None
     attention_impl: str = "auto"
     linear_impl: str = "torch"
+    graphs: bool | None = None
     compute_logprob: bool = True
     compute_departure: bool = True
     judge: str | None = None
@@ -254,6 +258,18 @@ def validate(cfg: Any) -> None:
             resolve_impl(linear, resolve_device(cfg.hardware))
         except RuntimeError as exc:
             raise ValueError(f"linear_impl=triton: {exc}") from None
+    if getattr(cfg, "graphs", None):
+        import torch
+
+        from dflash2.runconfig import resolve_device
+
+        where = resolve_device(cfg.hardware) if cfg.hardware.device == "auto" else torch.device(cfg.hardware.device)
+        if where.type != "cuda":
+            raise ValueError(f"graphs=true: CUDA graphs need a CUDA device, and this run's is {where}; use null "
+                             "(auto) or false")
+        if cfg.exact and getattr(cfg, "exact_impl", "auto") == "rows":
+            raise ValueError("graphs=true with exact_impl=rows: that exact mode runs its row-by-row forwards "
+                             "eagerly; use exact_impl=auto/invariant or graphs=null")
     # Exact mode's settings are checked by the engine's own resolver, the one the runner resolves
     # them with (`dflash2.engine.inputs.resolve_exact`), here before any model is loaded, on the
     # device the config names (whether it is present is checked where it is used).

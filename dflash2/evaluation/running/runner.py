@@ -428,6 +428,8 @@ class EvalRunner:
             kw["attention_impl"] = attention
         if not self.exact:  # exact mode picks its own linear kernel
             kw["linear_impl"] = getattr(cfg, "linear_impl", "torch")
+        if getattr(cfg, "graphs", None) is not None:
+            kw["graphs"] = bool(cfg.graphs)
         kw.update(arm.verify_kwargs)  # its kind's verify policy (and tree budget); {} for the chain
         t0 = self._clock()
         try:
