@@ -1,9 +1,11 @@
 """Where the engine's decoding step spends its GPU time, and what regional torch.compile buys.
 
-    OUT=/tmp/o python -m benchmarks.step_profile [--variants base,light,full] [--budget-s 540]
+    OUT=/tmp/o python -m benchmarks.step_profile [--shape qwen3-8b] [--variants base,light,full,exact]
+        [--budget-s 540]
 
-Qwen3-8B shape, bf16, random weights, 5-layer random DFlash2 draft, context 512 (the engine
-benchmark's models, `benchmarks.engine.build_models`). For each variant of the target:
+A `benchmarks.engine` shape (default the Qwen3-8B one; `smollm2-135m` and `qwen2.5-0.5b` are the
+small targets whose steps are bound by kernel count), bf16, random weights, the shape's random
+DFlash2 draft, context 512 (`benchmarks.engine.build_models`). For each variant of the target:
 
 - **graph ms/step**: median whole-step time of the CUDA-graph engine (replayed steps only) for
   AR, the DFlash2 draft and the device oracle (whose proposals cost almost nothing, so its step
@@ -21,9 +23,11 @@ benchmark's models, `benchmarks.engine.build_models`). For each variant of the t
   read once at the copy bandwidth measured at the start of the run.
 
 Variants: `base` = the engine without torch.compile; `light` / `full` = `compile_level="light"` /
-`"full"` (`dflash2.engine.compiled`). A compile is in place, so variants run in the order given
-on one set of models until a variant needs another compile level, which gets fresh models. Writes
-`$OUT/step_profile.json` and `$OUT/step_profile.md` after every cell.
+`"full"` (`dflash2.engine.compiled`); `exact` = exact mode at its defaults (the batch-invariant
+kernels, width 16; no compile, its own linear), so its launches stand beside normal mode's. A
+compile is in place, so variants run in the order given on one set of models until a variant
+needs another compile level, which gets fresh models. Writes `$OUT/step_profile.json` and
+`$OUT/step_profile.md` after every cell.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import torch
 
 
 from dflash2.engine import speculative_generate
-from benchmarks.engine import build_models
+from benchmarks.engine import SHAPES, build_models
 from benchmarks.floors import copy_bandwidth_gbs, sync, weight_bytes
 from dflash2.engine.compiled import COMPILE_LEVELS, COMPILED_FLAG
 from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
@@ -212,9 +216,23 @@ def render(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+VARIANTS = ("base", *COMPILE_LEVELS, "exact")
+EXACT_WIDTH = 16  # the exact variant's width: the draft's block (anchor + 15 drafts)
+
+
+def variant_kwargs(variant: str, attention_impl: str, linear_impl: str) -> dict:
+    """`speculative_generate` settings of a variant: `base` and the compile levels with the given
+    attention and linear kernels; `exact` = exact mode at its defaults (its own kernels)."""
+    if variant == "exact":
+        return {"exact": True, "exact_block_size": EXACT_WIDTH}
+    return {"compile_level": None if variant == "base" else variant, "attention_impl": attention_impl,
+            "linear_impl": linear_impl}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="base,light,full")
+    ap.add_argument("--shape", choices=sorted(s for s in SHAPES if s != "tiny"), default="qwen3-8b")
+    ap.add_argument("--variants", default="base,light,full", help="comma list of base, light, full, exact")
     ap.add_argument("--cells", default="1:0,1:15,1:7,8:0,8:7,32:0,32:3", help="batch:N list (N=0: AR)")
     ap.add_argument("--profile-cells", default="1:0,1:15,32:3")
     ap.add_argument("--variant-cells", default="", help="per-variant overrides, e.g. 'base=32:3;full=1:0,1:15'")
@@ -235,11 +253,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     dev = torch.device("cuda")
-    target, draft = build_models("qwen3-8b", dev)
+    target, draft = build_models(args.shape, dev)
     vocab = target.vocab_size
-    res = {"meta": f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; Qwen3-8B shape bf16 random, "
-                   f"5-layer draft, context 512, {args.new_tokens} new tokens, attention {args.attention_impl}, "
-                   f"linear {args.linear_impl}",
+    res = {"meta": f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; {args.shape} shape bf16 random, "
+                   f"{SHAPES[args.shape][1]}-layer draft, context 512, {args.new_tokens} new tokens, attention "
+                   f"{args.attention_impl}, linear {args.linear_impl} (variant exact: its own kernels)",
            "floor": draft_select_floor(target, draft, dev), "graph": [], "profiles": []}
 
     def save() -> None:
@@ -254,15 +272,14 @@ def main() -> None:
 
     var_cells, var_prof = overrides(args.variant_cells), overrides(args.variant_profile_cells)
     for variant in args.variants.split(","):
-        if variant not in ("base", *COMPILE_LEVELS):
-            raise SystemExit(f"unknown variant {variant!r}")
-        kw = {"compile_level": None if variant == "base" else variant, "attention_impl": args.attention_impl,
-              "linear_impl": args.linear_impl}
+        if variant not in VARIANTS:
+            raise SystemExit(f"unknown variant {variant!r}: use {', '.join(VARIANTS)}")
+        kw = variant_kwargs(variant, args.attention_impl, args.linear_impl)
         done = getattr(target.model, COMPILED_FLAG, None)
-        if done is not None and done[0] != variant:  # compiles are in place: fresh models for another level
+        if done is not None and done[0] != kw.get("compile_level"):  # compiles are in place: fresh models
             del target, draft
             torch.cuda.empty_cache()
-            target, draft = build_models("qwen3-8b", dev)
+            target, draft = build_models(args.shape, dev)
         for batch, n in cells(var_cells.get(variant, args.cells)):
             if time.perf_counter() - t_start > args.budget_s:
                 break

@@ -82,3 +82,12 @@ def test_draft_select_floor_counts_the_draft_and_the_head_at_the_runs_bandwidth(
         dict(mod.summarize({"_topk_chunk_kernel": (1.0, 3.0)}), variant="light", batch=1, n=15, loop="eager",
              arm="draft + select (dflash2 - oracle)")]}
     assert f"{3e-3 / f['ms']:.3f} x its bytes floor" in mod.render(res)
+
+
+def test_variants_map_to_the_engine_settings(mod):
+    assert mod.variant_kwargs("base", "auto", "triton") == {"compile_level": None, "attention_impl": "auto",
+                                                            "linear_impl": "triton"}
+    assert mod.variant_kwargs("light", "torch", "torch")["compile_level"] == "light"
+    # exact mode picks its own kernels: none of the normal mode's settings are passed
+    assert mod.variant_kwargs("exact", "triton", "triton") == {"exact": True, "exact_block_size": 16}
+    assert set(mod.VARIANTS) == {"base", "light", "full", "exact"}
