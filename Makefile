@@ -1,5 +1,5 @@
 # Two entry points (README): `make demo` and `make test`. Both install what they need first.
-# `make test` skips the `slow` and `gpu` tests; `make test-slow` and `make test-gpu` run them.
+# `make test` skips the `slow` and `gpu` tests and runs on every core (pytest-xdist); `make test-slow` and `make test-gpu` run them.
 PY ?= python3
 
 .PHONY: install demo test test-slow test-gpu bench
@@ -15,7 +15,7 @@ demo: install
 
 test: install
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist worksteal
 
 test-slow: install
 	$(PY) -m pytest -m slow

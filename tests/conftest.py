@@ -14,6 +14,11 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+# Under pytest-xdist (`make test` runs `-n auto`) the workers share the cores: each takes its
+# share of torch's intra-op threads instead of every worker starting one per core.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def _interpreter_dot_independent_of_position() -> None:
     """Make the Triton interpreter's fp32 `tl.dot` give each output element bits that do not
