@@ -59,8 +59,8 @@ from dflash2.engine.inputs import GenerateInputError, check_generate_inputs
 from dflash2.engine.reports import ACC, ACTIVE, BAD, DONE, END, NEW, VLEN
 from dflash2.engine.sampling import invalid_rows, row_seeds
 from dflash2.engine.settings import EngineSettings
-from dflash2.engine.state import (LEN_BUCKET, DecodeState, batch_bucket, keep_state, kept_state, prefill_rows,
-                                  round_up, state_key)
+from dflash2.engine.state import (LEN_BUCKET, DecodeState, batch_bucket, free_idle_states, keep_state, kept_state,
+                                  prefill_rows, round_up, state_key)
 from dflash2.engine.stats import StepTimes, summarize
 from dflash2.engine.verify import target_draw
 from dflash2.target import TargetModel
@@ -290,14 +290,25 @@ def speculative_generate(
         state = kept_state(tgt, key, batch, max_len)
         max_len = round_up(max_len, LEN_BUCKET)
     if state is None:
-        if draft is None or proposer_like:
-            proposer = draft
-        else:
-            # A captured step cannot synchronize, so with graphs the proposer's own phase clock never syncs.
-            proposer = DFlash2Proposer(draft, tgt, batch, max_len, engine.kernel_impl,
-                                       time.perf_counter if engine.graphs else clock,
-                                       attention_impl=engine.attention_impl, tree=engine.verify == "tree")
-        state = DecodeState(tgt, proposer, batch=batch, max_len=max_len, key=key, **settings)
+        def build() -> DecodeState:
+            if draft is None or proposer_like:
+                proposer = draft
+            else:
+                # A captured step cannot synchronize, so with graphs the proposer's own phase clock never syncs.
+                proposer = DFlash2Proposer(draft, tgt, batch, max_len, engine.kernel_impl,
+                                           time.perf_counter if engine.graphs else clock,
+                                           attention_impl=engine.attention_impl, tree=engine.verify == "tree")
+            return DecodeState(tgt, proposer, batch=batch, max_len=max_len, key=key, **settings)
+
+        try:
+            state = build()
+        except torch.OutOfMemoryError:
+            # The states kept for other calls hold device memory this one needs: free the idle ones, once.
+            if not free_idle_states(tgt):
+                raise
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            state = build()
         state.lock.acquire()
         if key is not None:
             keep_state(tgt, state)

@@ -22,9 +22,10 @@ with no capture. An evaluation that interleaves arms per prompt (AR, several N, 
 therefore captures each arm's graphs once, not once per call. A state of the same key and batch
 that is too short is freed before its longer successor is built; past either cap the least
 recently used states not in use are freed (so a new state may briefly sit beside the ones it
-displaces). `release_decode_state(model)` frees them all at once (their K/V buffers and graph
-pools stay allocated until then). The eager loop and custom proposers (whose state is their own)
-build a state per call, at the call's own batch size.
+displaces), and a new state that does not fit the device's memory beside the kept ones frees
+the idle ones and is built again, once. `release_decode_state(model)` frees them all at once
+(their K/V buffers and graph pools stay allocated until then). The eager loop and custom
+proposers (whose state is their own) build a state per call, at the call's own batch size.
 """
 
 from __future__ import annotations
@@ -177,6 +178,13 @@ class KeptStates:
         held.close()
         held.lock.release()
 
+    def free_idle(self) -> int:
+        """Close and forget every state no call is using; how many."""
+        idle = [sid for sid, held in self.states.items() if held.lock.acquire(blocking=False)]
+        for sid in idle:
+            self._free(sid)
+        return len(idle)
+
     def release_all(self) -> int:
         """Close and forget every state (in use or not: the caller is done with the target); how many."""
         n = len(self.states)
@@ -202,6 +210,13 @@ def kept_states(model) -> KeptStates | None:
     """The `KeptStates` of `model` (an HF model or a `TargetModel`), None before any was kept."""
     hf = model.model if isinstance(model, TargetModel) else model
     return hf.__dict__.get(_ATTR)
+
+
+def free_idle_states(tgt: TargetModel) -> int:
+    """Free the states kept on the target that no call is using (a new state that did not fit the
+    device's memory beside them retries once); how many were freed."""
+    held = kept_states(tgt)
+    return 0 if held is None else held.free_idle()
 
 
 def kept_state(tgt: TargetModel, key: tuple, batch: int, max_len: int) -> DecodeState | None:

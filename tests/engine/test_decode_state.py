@@ -233,3 +233,31 @@ def test_cache_prepare_rows_checks():
         cache.prepare(pos, rows=5)
     with pytest.raises(ValueError, match="not combined with row"):
         cache.prepare(pos[:1], row=1, rows=2)
+
+
+def test_a_state_that_does_not_fit_frees_the_idle_kept_ones_and_retries_once(models, fake_graphs, monkeypatch):
+    target, draft = models
+    release_decode_state(target)
+    prompts = _prompts(40, (5, 7))
+    _check(target, draft, prompts, max_new_tokens=8, num_speculative_tokens=3)
+    old = _kept(target)
+    eager = speculative_generate(target, draft, prompts, max_new_tokens=8, num_speculative_tokens=4, graphs=False)
+    real, calls = engine_generate.DecodeState, []
+
+    def short_of_memory_once(*args, **kw):
+        held = engine_state.kept_states(target)
+        calls.append(0 if held is None else len(held.states))
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (as if)")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(engine_generate, "DecodeState", short_of_memory_once)
+    out = speculative_generate(target, draft, prompts, max_new_tokens=8, num_speculative_tokens=4, graphs=True)
+    assert [s.tolist() for s in out.sequences] == [s.tolist() for s in eager.sequences]
+    assert calls == [1, 0] and old.runner is None  # the idle state was freed before the second try
+    assert list(engine_state.kept_states(target).states.values()) == [_kept(target)] and _kept(target) is not old
+    # With nothing to free the error is the caller's.
+    calls.clear()
+    release_decode_state(target)
+    with pytest.raises(torch.OutOfMemoryError):
+        speculative_generate(target, draft, prompts, max_new_tokens=8, num_speculative_tokens=5, graphs=True)
