@@ -56,6 +56,7 @@ def test_typo_fails_with_its_name(override):
     ("attention_impl=flash", "attention_impl"), ("exact=true exact_impl=fast", "exact_impl"),
     ("linear_impl=cublas", "linear_impl"), ("linear_impl=triton exact=true", "exact mode picks its own"),
     ("graphs=true hardware.device=cpu", "CUDA graphs need a CUDA device, and this run's is cpu"),
+    ("kernel_impl=cuda", "kernel_impl"),
 ])
 def test_inconsistent_settings_fail_with_the_fix(override, match):
     cfg = _compose(["experiment=tiny_cpu", *override.split()])
@@ -89,12 +90,13 @@ def test_triton_attention_is_refused_before_work_where_it_cannot_run(monkeypatch
     validate(cfg)
 
 
-def test_triton_linear_is_refused_before_work_where_it_cannot_run(monkeypatch):
+@pytest.mark.parametrize("name", ["linear_impl", "kernel_impl"])
+def test_triton_linear_and_kernels_are_refused_before_work_where_they_cannot_run(monkeypatch, name):
     import dflash2.kernels.dispatch as dispatch
 
-    cfg = _compose(["experiment=tiny_cpu", "linear_impl=triton", "hardware.device=cpu"])
+    cfg = _compose(["experiment=tiny_cpu", f"{name}=triton", "hardware.device=cpu"])
     monkeypatch.setattr(dispatch, "triton_interpreter_enabled", lambda: False)
-    with pytest.raises(ValueError, match="linear_impl=triton: impl='triton' cannot run on device cpu"):
+    with pytest.raises(ValueError, match=f"{name}=triton: impl='triton' cannot run on device cpu"):
         validate(cfg)
     monkeypatch.setattr(dispatch, "triton_interpreter_enabled", lambda: True)
     validate(cfg)

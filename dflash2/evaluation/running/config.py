@@ -147,6 +147,9 @@ class EvalConfig:
             exact mode picks its own kernels (the invariant small-M linear), so triton is refused
             with `exact=true` and not passed when exact mode resolves on. The summary's `engine`
             records, per arm, the settings each arm's calls resolved to.
+        kernel_impl: auto | torch | triton: the engine's own kernels (verify, vocabulary top-k,
+            the selector walk, the draft's conv; `speculative_generate`'s `impl`; auto = Triton on
+            CUDA, the references on CPU). Part of the run's identity.
         graphs: null | true | false: replay the steady-state step from CUDA graphs
             (`speculative_generate`'s `graphs`; null = on for CUDA where the step can be captured,
             false = the eager loop, true = on or refused: on a CPU, or with `exact_impl=rows`).
@@ -180,6 +183,7 @@ class EvalConfig:
     compile_level: str | None = None
     attention_impl: str = "auto"
     linear_impl: str = "torch"
+    kernel_impl: str = "auto"
     graphs: bool | None = None
     compute_logprob: bool = True
     compute_departure: bool = True
@@ -245,19 +249,21 @@ def validate(cfg: Any) -> None:
         except RuntimeError as exc:
             raise ValueError(f"attention_impl=triton: {exc}") from None
     linear = getattr(cfg, "linear_impl", "torch")
-    if linear not in IMPLS:
-        raise ValueError(f"linear_impl={linear!r}: use one of {', '.join(IMPLS)}")
-    if linear == "triton":
-        if cfg.exact:
-            raise ValueError("linear_impl=triton with exact=true: exact mode picks its own (invariant) linear "
-                             "kernel; drop one of the two")
-        from dflash2.kernels.dispatch import resolve_impl
-        from dflash2.runconfig import resolve_device
+    if linear == "triton" and cfg.exact:
+        raise ValueError("linear_impl=triton with exact=true: exact mode picks its own (invariant) linear kernel; "
+                         "drop one of the two")
+    for name in ("linear_impl", "kernel_impl"):
+        choice = getattr(cfg, name, "auto")
+        if choice not in IMPLS:
+            raise ValueError(f"{name}={choice!r}: use one of {', '.join(IMPLS)}")
+        if choice == "triton":  # refused here, before any file is written
+            from dflash2.kernels.dispatch import resolve_impl
+            from dflash2.runconfig import resolve_device
 
-        try:
-            resolve_impl(linear, resolve_device(cfg.hardware))
-        except RuntimeError as exc:
-            raise ValueError(f"linear_impl=triton: {exc}") from None
+            try:
+                resolve_impl(choice, resolve_device(cfg.hardware))
+            except RuntimeError as exc:
+                raise ValueError(f"{name}=triton: {exc}") from None
     if getattr(cfg, "graphs", None):
         import torch
 

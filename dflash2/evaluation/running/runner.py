@@ -152,7 +152,7 @@ class EvalRunner:
         self.stops = stop_token_ids(self.tok)
         self.fmt = prompt_format(self.tok, enable_thinking=cfg.data.enable_thinking,
                                  system_prompt=cfg.data.system_prompt, few_shot=cfg.data.few_shot)
-        self.impl = resolve_impl("auto", self.device)
+        self.impl = resolve_impl(getattr(cfg, "kernel_impl", "auto"), self.device)
         self.draft = self._load_draft()
         self.arms = build_arms(cfg.arms, has_draft=self.draft is not None,
                                draft_has_selector=bool(self.draft is not None and self.draft.selector_enabled))
@@ -430,6 +430,7 @@ class EvalRunner:
             kw["linear_impl"] = getattr(cfg, "linear_impl", "torch")
         if getattr(cfg, "graphs", None) is not None:
             kw["graphs"] = bool(cfg.graphs)
+        kw["impl"] = self.impl
         kw.update(arm.verify_kwargs)  # its kind's verify policy (and tree budget); {} for the chain
         t0 = self._clock()
         try:
