@@ -172,7 +172,7 @@ def run_ours(target, draft, ids: torch.Tensor, n: int, new_tokens: int, warmup_s
     kernel choices (`compile_level`, `attention_impl`, `linear_impl`), the same for every call of
     the cell. The decoding state the engine keeps for a next call is freed afterwards, so no
     later cell's peak memory holds it."""
-    from dflash2.engine.state import release_decode_state
+    from dflash2.engine.kept import release_decode_state
 
     try:
         return _run_ours(target, draft, ids, n, new_tokens, warmup_steps, dict(engine_kw or {}), repeats)

@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.out:
             args.out.write_text(render(run))
 
-    from dflash2.engine.state import release_decode_state
+    from dflash2.engine.kept import release_decode_state
 
     last_s = dict(PRIOR_S) if dev.type == "cuda" else {}
     bar = tqdm(plan, desc=f"throughput ({args.mode})", file=sys.stderr)

@@ -4,9 +4,9 @@
 from dflash2.engine.cache import ATTN_IMPLEMENTATION, StaticTargetCache, row_attention, static_attention
 from dflash2.engine.draft import DFlash2Proposer, DraftStep, Proposal
 from dflash2.engine.generate import SpeculativeOutput, speculative_generate
+from dflash2.engine.kept import release_decode_state
 from dflash2.engine.sampling import filter_logits, row_seed, row_seeds
 from dflash2.engine.settings import EngineSettings
-from dflash2.engine.state import release_decode_state
 from dflash2.engine.stats import (
     StepTimes,
     accepted_length_histogram,

@@ -56,15 +56,14 @@ from dflash2.engine.compiled import compile_modules, eager_forward
 from dflash2.engine.draft import DFlash2Proposer
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, StepGraphs
 from dflash2.engine.inputs import GenerateInputError, check_generate_inputs
+from dflash2.engine.kept import free_idle_states, keep_state, kept_state, state_key
 from dflash2.engine.reports import ACC, ACTIVE, BAD, DONE, END, NEW, VLEN
 from dflash2.engine.sampling import invalid_rows, row_seeds
 from dflash2.engine.settings import EngineSettings
-from dflash2.engine.state import (LEN_BUCKET, DecodeState, batch_bucket, free_idle_states, keep_state, kept_state,
-                                  prefill_rows, round_up, state_key)
+from dflash2.engine.state import LEN_BUCKET, DecodeState, batch_bucket, prefill_rows, round_up
 from dflash2.engine.stats import StepTimes, summarize
 from dflash2.engine.verify import target_draw
 from dflash2.target import TargetModel
-
 
 EXACT_KV_BUCKET = 1024  # exact mode: K/V slots per row rounded up to a multiple of this
 KV_BUCKET = 128  # normal mode on CUDA: attention's K/V length rounded up to a multiple of this

@@ -159,7 +159,7 @@ def regenerate(target, tokenizer, spec: DataSpec, out_path: str | os.PathLike, *
             bar.update(sum(budget[start:start + bs]) - (bar.n - before))   # the budget early stops left unused
             written += len(batch)
             bar.set_postfix_str(f"{written}/{len(convs)} conversations")
-    from dflash2.engine.state import release_decode_state
+    from dflash2.engine.kept import release_decode_state
 
     release_decode_state(target)  # the engine's kept decoding state (GPU): training needs the memory
     return out

@@ -20,6 +20,7 @@ import torch
 from dflash2 import speculative_generate
 from dflash2.engine import generate as engine_generate
 from dflash2.engine import inputs as engine_inputs
+from dflash2.engine import kept as engine_kept
 from dflash2.engine import reports as engine_reports
 from dflash2.engine import state as engine_state
 from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
@@ -137,10 +138,10 @@ def test_a_step_on_finished_rows_changes_nothing(models, monkeypatch):
     """The lookahead step: after a call, one more step on the kept state leaves every output intact."""
     target, draft, prompts = models
     _force_graph_path(monkeypatch)
-    engine_state.release_decode_state(target)
+    engine_kept.release_decode_state(target)
     out = speculative_generate(target, draft, prompts, max_new_tokens=12, num_speculative_tokens=5, graphs=True,
                                temperature=1.0, seed=[4, 5, 6])
-    state = engine_state.kept_states(target).latest()
+    state = engine_kept.kept_states(target).latest()
     before = {name: getattr(state, name).clone() for name in ("tokens", "gen", "done", "hit_stop", "budget")}
     lengths = state.cache.lengths.clone()
     state.step(state.max_len)
@@ -155,7 +156,7 @@ def test_a_step_on_finished_rows_changes_nothing(models, monkeypatch):
     assert report[engine_reports.NEW].eq(0).all() and report[engine_reports.ACTIVE].eq(0).all()
     assert [s.tolist() for s in out.sequences] == [state.tokens[b, : out.prompt_lengths[b] + len(g)].tolist()
                                                     for b, g in enumerate(out.generated)]
-    engine_state.release_decode_state(target)
+    engine_kept.release_decode_state(target)
 
 
 def test_the_collector_is_off_during_the_loop_and_restored_after(models, monkeypatch):

@@ -16,9 +16,10 @@ import torch
 from dflash2 import DFlash2DraftModel, speculative_generate
 from dflash2.engine import generate as engine_generate
 from dflash2.engine import inputs as engine_inputs
-from dflash2.engine import state as engine_state
+from dflash2.engine import kept as engine_kept
 from dflash2.engine.cache import StaticTargetCache
-from dflash2.engine.state import batch_bucket, release_decode_state
+from dflash2.engine.kept import release_decode_state
+from dflash2.engine.state import batch_bucket
 from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
 from tests.engine.test_graph_step import ReplayByRunning
 
@@ -47,7 +48,7 @@ def _prompts(seed: int, lengths) -> list[torch.Tensor]:
 
 def _kept(target):
     """The most recently used state kept on the target (None if none)."""
-    held = engine_state.kept_states(target)
+    held = engine_kept.kept_states(target)
     return None if held is None else held.latest()
 
 
@@ -173,19 +174,19 @@ def test_interleaved_arms_each_replay_their_own_kept_state(models, fake_graphs):
                 states[i] = _kept(target)
             else:
                 assert _kept(target) is states[i] and out.times.graph_captures == 0
-    assert len(engine_state.kept_states(target).states) == 3
+    assert len(engine_kept.kept_states(target).states) == 3
 
 
 def test_kept_states_are_capped_least_recently_used_first(models, fake_graphs, monkeypatch):
     target, draft = models
     release_decode_state(target)
-    monkeypatch.setattr(engine_state, "MAX_KEPT_STATES", 2)
+    monkeypatch.setattr(engine_kept, "MAX_KEPT_STATES", 2)
     prompts = _prompts(30, (5, 7))
     built = []
     for n in (2, 3, 2, 4):  # N = 2 is used again before N = 4 arrives, so N = 3 is the one freed
         _check(target, draft, prompts, max_new_tokens=8, num_speculative_tokens=n)
         built.append(_kept(target))
-    kept = engine_state.kept_states(target)
+    kept = engine_kept.kept_states(target)
     assert built[2] is built[0] and list(kept.states.values()) == [built[0], built[3]]
     assert built[1].runner is None  # closed: its graphs are gone
     # A state in use is never freed, even past the cap; the next keep frees it once it is free.
@@ -196,12 +197,12 @@ def test_kept_states_are_capped_least_recently_used_first(models, fake_graphs, m
     finally:
         built[0].lock.release()
     # By bytes: a cap below two states' buffers keeps only the newest.
-    one = engine_state.state_nbytes(_kept(target))
+    one = engine_kept.state_nbytes(_kept(target))
     assert one > 0
-    monkeypatch.setattr(engine_state, "kept_bytes_cap", lambda device: one + one // 2)
+    monkeypatch.setattr(engine_kept, "kept_bytes_cap", lambda device: one + one // 2)
     _check(target, draft, prompts, max_new_tokens=8, num_speculative_tokens=6)
     assert list(kept.states.values()) == [_kept(target)]
-    assert release_decode_state(target) is True and engine_state.kept_states(target) is None
+    assert release_decode_state(target) is True and engine_kept.kept_states(target) is None
 
 
 def test_state_bytes_count_the_buffers_not_the_weights(models, fake_graphs):
@@ -211,7 +212,7 @@ def test_state_bytes_count_the_buffers_not_the_weights(models, fake_graphs):
     state = _kept(target)
     weights = sum(p.numel() * p.element_size() for p in (*target.parameters(), *draft.parameters()))
     kv = sum(t.untyped_storage().nbytes() for layer in state.cache.layers for t in (layer.keys, layer.values))
-    assert kv <= engine_state.state_nbytes(state) < kv + weights
+    assert kv <= engine_kept.state_nbytes(state) < kv + weights
 
 
 def test_eager_loop_and_custom_proposers_keep_no_state(models):
@@ -245,7 +246,7 @@ def test_a_state_that_does_not_fit_frees_the_idle_kept_ones_and_retries_once(mod
     real, calls = engine_generate.DecodeState, []
 
     def short_of_memory_once(*args, **kw):
-        held = engine_state.kept_states(target)
+        held = engine_kept.kept_states(target)
         calls.append(0 if held is None else len(held.states))
         if len(calls) == 1:
             raise torch.OutOfMemoryError("CUDA out of memory (as if)")
@@ -255,7 +256,7 @@ def test_a_state_that_does_not_fit_frees_the_idle_kept_ones_and_retries_once(mod
     out = speculative_generate(target, draft, prompts, max_new_tokens=8, num_speculative_tokens=4, graphs=True)
     assert [s.tolist() for s in out.sequences] == [s.tolist() for s in eager.sequences]
     assert calls == [1, 0] and old.runner is None  # the idle state was freed before the second try
-    assert list(engine_state.kept_states(target).states.values()) == [_kept(target)] and _kept(target) is not old
+    assert list(engine_kept.kept_states(target).states.values()) == [_kept(target)] and _kept(target) is not old
     # With nothing to free the error is the caller's.
     calls.clear()
     release_decode_state(target)

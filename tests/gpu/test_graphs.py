@@ -27,7 +27,7 @@ import torch
 
 from dflash2 import speculative_generate
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, sync_check
-from dflash2.engine.state import kept_states, release_decode_state
+from dflash2.engine.kept import kept_states, release_decode_state
 from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
 from tests.gpu.helpers import cuda_models_then_write
 

@@ -20,7 +20,7 @@ import torch
 
 from dflash2 import speculative_generate
 from dflash2.engine.graphs import sync_check
-from dflash2.engine.state import release_decode_state
+from dflash2.engine.kept import release_decode_state
 from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer
 from tests.gpu.helpers import cuda_models_then_write, mean_accepted
 
