@@ -21,6 +21,7 @@ Public: `state_key`, `kept_state`, `keep_state`, `kept_states`, `free_idle_state
 
 from __future__ import annotations
 
+import types
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -63,11 +64,24 @@ def kept_bytes_cap(device: torch.device) -> int | None:
     return int(KEPT_MEMORY_FRACTION * torch.cuda.get_device_properties(device).total_memory)
 
 
+# Objects a state may refer to that hold no memory of its own (a module's globals, a function's).
+_NOT_STATE = (types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType, type)
+
+
+def _model_storages(state: DecodeState) -> set[int]:
+    """Storage addresses of the parameters and buffers of the models a state refers to (the target,
+    a DFlash2 proposer's draft): what the state reads but does not own."""
+    models = [state.tgt.model, getattr(state.proposer, "draft", None)]
+    return {t.untyped_storage().data_ptr() for m in models if isinstance(m, torch.nn.Module)
+            for t in (*m.parameters(), *m.buffers())}
+
+
 def state_nbytes(state: DecodeState) -> int:
     """Bytes of the tensors a state holds (its buffers, its target cache, its proposer's caches),
-    each storage once; the weights of the models it refers to are not counted. Graph pools are
-    not tensors and are not counted."""
-    seen, total = set(), 0
+    each storage once. The models' weights are not counted, also where the state holds them
+    directly (the linear mode's fused groups keep references to them); graph pools are not
+    tensors and are not counted."""
+    seen, total = _model_storages(state), 0
     stack = [(state, 0)]
     while stack:
         obj, depth = stack.pop()
@@ -76,13 +90,13 @@ def state_nbytes(state: DecodeState) -> int:
             if ptr not in seen:
                 seen.add(ptr)
                 total += obj.untyped_storage().nbytes()
-        elif isinstance(obj, (torch.nn.Module, TargetModel)) or depth > 4:
+        elif isinstance(obj, (torch.nn.Module, TargetModel, *_NOT_STATE)) or depth > 6:
             continue
-        elif isinstance(obj, (list, tuple)):
+        elif isinstance(obj, (list, tuple, set, frozenset)):
             stack += [(x, depth + 1) for x in obj]
         elif isinstance(obj, dict):
             stack += [(x, depth + 1) for x in obj.values()]
-        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        elif hasattr(obj, "__dict__"):
             stack += [(x, depth + 1) for x in vars(obj).values()]
     return total
 

@@ -212,7 +212,15 @@ def test_state_bytes_count_the_buffers_not_the_weights(models, fake_graphs):
     state = _kept(target)
     weights = sum(p.numel() * p.element_size() for p in (*target.parameters(), *draft.parameters()))
     kv = sum(t.untyped_storage().nbytes() for layer in state.cache.layers for t in (layer.keys, layer.values))
-    assert kv <= engine_kept.state_nbytes(state) < kv + weights
+    own = engine_kept.state_nbytes(state)
+    assert kv <= own < kv + weights
+    # References to the models' weights held by the state (as the linear mode's fused groups hold
+    # them), views included, are not the state's memory; a buffer of its own is.
+    state.held_weights = {"groups": [(target.lm_head.weight, target.lm_head.weight.t()),
+                                     tuple(draft.parameters())]}
+    assert engine_kept.state_nbytes(state) == own
+    state.held_weights["own"] = [torch.zeros(1000)]
+    assert engine_kept.state_nbytes(state) == own + 4000
 
 
 def test_eager_loop_and_custom_proposers_keep_no_state(models):
