@@ -9,7 +9,8 @@
 - replays are counted: all steps but the first and one warm-up per bucket are replays, so no
   silent fallback to eager;
 - batch buckets kept across calls: a later call with the same key replays the graphs an earlier
-  call captured (no capture), with the eager loop's tokens;
+  call captured (no capture), with the eager loop's tokens; arms interleaved per prompt each keep
+  their own state and graphs;
 - the report is read one step late (issue 21 item 2): host ms/step = wall ms/step over whole calls
   minus the synchronized in-step time, recorded with a loose bound;
 - speed (Qwen3-8B shape, bf16, random weights, 5-layer DFlash2 draft): per-step time of the graph
@@ -125,6 +126,40 @@ def test_graphs_of_one_call_replay_in_the_next(models, temperature):
         else:
             assert kept is first_state and t.graph_captures == 0
         RESULTS[f"reuse/T={temperature:g}/call{i + 1}"] = {"captures": t.graph_captures, "replays": t.graph_replays}
+
+
+def test_interleaved_arms_keep_their_own_graphs(models):
+    """Arms interleaved per prompt, as an evaluation runs them (AR, DFlash2 N = 3 and N = 7, greedy,
+    in bf16's normal mode: fp32 here): from the second round on each call finds its own kept state
+    (`dflash2.engine.kept`) and captures nothing, every replay under `sync_check`, with the eager
+    loop's tokens. The wall time of each round's calls is recorded: round 1 pays the captures."""
+    import time
+
+    target, draft, prompts = models
+    release_decode_state(target)
+    arms = {"ar": (None, None), "dflash2@N=3": (draft, 3), "dflash2@N=7": (draft, 7)}
+    states, walls = {}, []
+    for round_ in range(3):
+        rows = [p[: 8 + 4 * round_] for p in prompts[:2]]
+        t0 = time.perf_counter()
+        for name, (drafter, n) in arms.items():
+            kw = dict(max_new_tokens=40, num_speculative_tokens=n)
+            eager = speculative_generate(target, drafter, rows, graphs=False, **kw)
+            with sync_check():
+                graphed = speculative_generate(target, drafter, rows, graphs=True, **kw)
+            assert [s.tolist() for s in graphed.sequences] == [s.tolist() for s in eager.sequences]
+            t = graphed.times
+            assert t.graph_error is None and t.graph_replays == len(t.verify) - t.graph_captures > 0
+            if round_ == 0:
+                assert t.graph_captures >= 1
+                states[name] = kept_states(target).latest()
+            else:
+                assert kept_states(target).latest() is states[name] and t.graph_captures == 0
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
+    assert len(kept_states(target).states) == 3
+    RESULTS["interleaved_arms_round_s"] = walls  # eager + graphed calls of every arm, per round
+    release_decode_state(target)
 
 
 def test_the_host_waits_only_for_the_step_before_the_one_queued(models):
