@@ -1,8 +1,9 @@
 """Reports from a summary (`dflash2.evaluation.analysis.stats.summarize`) and its records.
 
-- `print_summary(summary)`: the terminal table (one row per arm, then per dataset), then one
-  line per arm with its end-to-end ms per token when the summary has the runner's `end_to_end`
-  (`dflash2.evaluation.running.timing`; the report shows it as a table).
+- `print_summary(summary)`: the terminal table (one row per arm, then per dataset), then the
+  runner's own sections when the summary has them: one line per arm with its end-to-end ms per
+  token and speedup (`end_to_end`), and the engine settings the arms ran under (`engine`); the
+  report shows both as tables (`run_sections.py`).
 - `write_report(out_dir, records, summary, config=None, predictions=None)`: `DIR/report.html`
   (self-contained: PNG plots embedded as base64) and `DIR/report.md` (the same tables; its
   plots are written to `DIR/plots/*.png` and linked, since Markdown viewers rarely show
@@ -19,7 +20,7 @@
   length) get integer ticks.
 
 Public: `print_summary`, `write_report`, `make_figures`, `figure_png`, `arm_colours`,
-`summary_rows`, `COLUMNS`, `end_to_end_rows`, `E2E_COLUMNS`, `verify_rows`, `VERIFY_COLUMNS`,
+`summary_rows`, `COLUMNS`, `verify_rows`, `VERIFY_COLUMNS`,
 `has_verify_policies`, and, re-exported from
 `formatting.py` (which has them, free of matplotlib), the cell formatters `fmt_value`, `fmt_ci`,
 `fmt_p`, `fmt_pct`, `fmt_mcnemar_p`, `md_table` (shared with cross-run comparison reports).
@@ -45,8 +46,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from dflash2.evaluation.analysis.formatting import (  # noqa: E402, F401  (the formatters are re-exported)
     drop_empty, fmt_ci, fmt_mcnemar_p, fmt_p, fmt_pct, fmt_tost_accuracy_p, fmt_value, md_table)
-from dflash2.evaluation.analysis.formatting import fmt_number as _num  # noqa: E402
-from dflash2.evaluation.analysis.formatting import fmt_share as _pct  # noqa: E402
+from dflash2.evaluation.analysis.run_sections import (  # noqa: E402
+    E2E_COLUMNS, E2E_SCOPE, ENGINE_COLUMNS, e2e_where, end_to_end_lines, end_to_end_rows, engine_lines, engine_rows)
 from dflash2.evaluation.analysis.stats import arm_family  # noqa: E402
 
 COLUMNS = ["arm", "N", "n", "tau pooled [95% CI]", "tau per-request [95% CI]", "speedup [95% CI]", "tok/s",
@@ -113,28 +114,6 @@ def verify_rows(summary: dict) -> list[list[str]]:
     return rows
 
 
-E2E_COLUMNS = ["arm", "samples timed", "tokens", "total s", "ms/token end to end", "ms/token generation",
-               "ms/sample", "host %", "speedup end to end", "speedup generation", "score ms/sample", "analysis %"]
-# What "end to end" covers, for the terminal and the report's headings (`running.timing`).
-E2E_SCOPE = ("each arm's own work: tokenize + generate + decode + write; scoring and the analysis forwards apart; "
-             "speedups over the baseline arm on the same timed samples")
-
-
-def _e2e_where(e2e: dict) -> str:
-    """Whose chunks `end_to_end` timed: "this process", or "rank r of K" in a sharded run."""
-    world = e2e.get("world_size", 1)
-    return f"rank {e2e.get('rank', 0)} of {world}" if world > 1 else "this process"
-
-
-def end_to_end_rows(summary: dict) -> list[list[str]]:
-    """Formatted rows (see `E2E_COLUMNS`) of the summary's `end_to_end`, one per arm; [] without it."""
-    per_arm = (summary.get("end_to_end") or {}).get("per_arm") or {}
-    return [[arm, str(e.get("samples", 0)), str(e.get("tokens", 0)), _num(e.get("total_s"), 3),
-             _num(e.get("ms_per_token"), 3), _num(e.get("generation_ms_per_token"), 3), _num(e.get("ms_per_sample"), 2),
-             _pct(e.get("host_fraction")), _num(e.get("speedup_end_to_end"), 3), _num(e.get("generation_speedup"), 3),
-             _num(e.get("score_ms_per_sample"), 2), _pct(e.get("analysis_fraction"))] for arm, e in per_arm.items()]
-
-
 def identity_line(summary: dict) -> str | None:
     """One sentence on losslessness for the report's header: at T = 0, how many speculative records
     were bit-identical to the AR arm and how many departed, and whether exact mode was on (its width);
@@ -157,74 +136,6 @@ def identity_line(summary: dict) -> str | None:
                else f"{n - bad} bit-identical to the AR arm, {bad} departed")
     tail = "" if bad == 0 or summary.get("exact") else " (bf16 near-ties flip without exact mode; see the departures)"
     return f"Greedy: {n} speculative records, {verdict}; {mode}{tail}."
-
-
-def _end_to_end_lines(summary: dict) -> list[str]:
-    """The terminal's end-to-end lines: a heading, then one line per arm."""
-    e2e = summary.get("end_to_end")
-    if not e2e:
-        return []
-    lines = [f"\nend to end ({_e2e_where(e2e)}; {E2E_SCOPE}; resumed records not timed):"]
-    width = max((len(a) for a in e2e.get("per_arm", {})), default=0)
-    for arm, e in e2e.get("per_arm", {}).items():
-        n = e.get("samples", 0)
-        if not n:
-            lines.append(f"  {arm:<{width}}  - ms/token end to end (0 samples timed)")
-            continue
-        speedup = "" if arm == e2e.get("baseline") else _speedup_words(e)
-        lines.append(f"  {arm:<{width}}  {_num(e.get('ms_per_token'), 3)} ms/token end to end (generation "
-                     f"{_num(e.get('generation_ms_per_token'), 3)}, host {_pct(e.get('host_fraction'), 0)}%), "
-                     f"{_num(e.get('ms_per_sample'), 2)} ms/sample{speedup}, scoring "
-                     f"{_num(e.get('score_ms_per_sample'), 2)} ms/sample apart, {n} samples, "
-                     f"{e.get('tokens', 0)} tokens timed")
-    return lines
-
-
-def _speedup_words(e: dict) -> str:
-    """", speedup x end to end (y generation)" for an arm's end-to-end line; "" without speedups."""
-    s_e2e, s_gen = e.get("speedup_end_to_end"), e.get("generation_speedup")
-    if s_e2e is None or s_e2e != s_e2e:  # None as read back, NaN in memory: different samples, no baseline
-        return ""
-    return f", speedup {_num(s_e2e, 3)} end to end ({_num(s_gen, 3)} generation)"
-
-
-ENGINE_COLUMNS = ["arm", "kernels", "attention", "linear", "compile", "graphs", "exact", "verify", "graph fallback",
-                  "varied between calls"]
-
-
-def _engine_cells(e: dict) -> list[str]:
-    """One arm's engine settings (summary.json's `engine[arm]`) as `ENGINE_COLUMNS[1:]` cells."""
-    exact = f"{e.get('exact_impl')} (width {e.get('exact_block_size')})" if e.get("exact") else "off"
-    verify = e.get("verify", "chain") + (f" {e.get('tree_budget')} nodes" if e.get("verify") == "tree" else "")
-    linear = "exact mode's own" if e.get("exact") else str(e.get("linear_impl"))
-    return [str(e.get("kernel_impl")), str(e.get("attention_impl")), linear, str(e.get("compile_level") or "off"),
-            "on" if e.get("graphs") else "off", exact, verify, str(e.get("graph_error") or "-"),
-            ", ".join(e.get("varied") or []) or "-"]
-
-
-def engine_rows(summary: dict) -> list[list[str]]:
-    """Rows (see `ENGINE_COLUMNS`) of the summary's `engine`: per arm, what its calls ran under."""
-    return [[arm, *_engine_cells(e)] for arm, e in (summary.get("engine") or {}).items()]
-
-
-def _engine_lines(summary: dict) -> list[str]:
-    """The terminal's engine line: the settings every arm shared (verify policies are in their own
-    table), or one line per arm where they differ; [] without the runner's `engine`."""
-    rows = engine_rows(summary)
-    if not rows:
-        return []
-    def tail(r: list[str]) -> str:
-        return (("" if r[8] == "-" else f"; graph path fell back: {r[8]}")
-                + ("" if r[9] == "-" else f"; varied between calls: {r[9]}"))
-
-    if len({tuple(r[1:7] + r[8:]) for r in rows}) == 1:
-        c = rows[0]
-        return [f"\nengine (every arm): kernels {c[1]}, attention {c[2]}, linear {c[3]}, compile {c[4]}, "
-                f"graphs {c[5]}, exact {c[6]}{tail(c)}"]
-    width = max(len(r[0]) for r in rows)
-    return ["\nengine per arm:"] + [f"  {r[0]:<{width}}  kernels {r[1]}, attention {r[2]}, linear {r[3]}, "
-                                     f"compile {r[4]}, graphs {r[5]}, exact {r[6]}, verify {r[7]}{tail(r)}"
-                                     for r in rows]
 
 
 def _text_table(header: list[str], rows: list[list[str]]) -> str:
@@ -255,7 +166,7 @@ def print_summary(summary: dict, file: TextIO | None = None) -> None:
     if has_verify_policies(summary):
         print("\nverify policies (rows per step: what a verify of the step's own length scores):", file=out)
         print(_text_table(VERIFY_COLUMNS, verify_rows(summary)), file=out)
-    for line in _end_to_end_lines(summary) + _engine_lines(summary):
+    for line in end_to_end_lines(summary) + engine_lines(summary):
         print(line, file=out)
     for note in summary.get("notes", []):
         print(f"note: {note}", file=out)
@@ -536,7 +447,7 @@ def _sections(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         out.insert(0, ("Run checks", ["check", "result", "details"], check_rows))
     e2e = summary.get("end_to_end")
     if e2e and e2e.get("per_arm"):  # added by the runner too: this process's timed chunks
-        out.append((f"End to end per arm ({_e2e_where(e2e)}: {E2E_SCOPE}; "
+        out.append((f"End to end per arm ({e2e_where(e2e)}: {E2E_SCOPE}; "
                     f"{e2e.get('samples', 0)} samples timed, resumed records not timed)", E2E_COLUMNS,
                     end_to_end_rows(summary)))
     if summary.get("engine"):  # added by the runner: what each arm's calls ran under

@@ -1,0 +1,102 @@
+"""The summary's sections that come from the runner rather than the records, as table rows and
+terminal lines: `end_to_end` (each arm's timed work, `dflash2.evaluation.running.timing`) and
+`engine` (the settings each arm's calls resolved to). `report.print_summary` prints the lines and
+`report.write_report` shows the rows as tables; a summary rebuilt from records alone has neither.
+
+Public: `E2E_COLUMNS`, `E2E_SCOPE`, `e2e_where`, `end_to_end_rows`, `end_to_end_lines`,
+`ENGINE_COLUMNS`, `engine_rows`, `engine_lines`.
+"""
+
+from __future__ import annotations
+
+from dflash2.evaluation.analysis.formatting import fmt_number as _num
+from dflash2.evaluation.analysis.formatting import fmt_share as _pct
+
+E2E_COLUMNS = ["arm", "samples timed", "tokens", "total s", "ms/token end to end", "ms/token generation",
+               "ms/sample", "host %", "speedup end to end", "speedup generation", "score ms/sample", "analysis %"]
+# What "end to end" covers, for the terminal and the report's headings (`running.timing`).
+E2E_SCOPE = ("each arm's own work: tokenize + generate + decode + write; scoring and the analysis forwards apart; "
+             "speedups over the baseline arm on the same timed samples")
+
+
+def e2e_where(e2e: dict) -> str:
+    """Whose chunks `end_to_end` timed: "this process", or "rank r of K" in a sharded run."""
+    world = e2e.get("world_size", 1)
+    return f"rank {e2e.get('rank', 0)} of {world}" if world > 1 else "this process"
+
+
+def end_to_end_rows(summary: dict) -> list[list[str]]:
+    """Formatted rows (see `E2E_COLUMNS`) of the summary's `end_to_end`, one per arm; [] without it."""
+    per_arm = (summary.get("end_to_end") or {}).get("per_arm") or {}
+    return [[arm, str(e.get("samples", 0)), str(e.get("tokens", 0)), _num(e.get("total_s"), 3),
+             _num(e.get("ms_per_token"), 3), _num(e.get("generation_ms_per_token"), 3), _num(e.get("ms_per_sample"), 2),
+             _pct(e.get("host_fraction")), _num(e.get("speedup_end_to_end"), 3), _num(e.get("generation_speedup"), 3),
+             _num(e.get("score_ms_per_sample"), 2), _pct(e.get("analysis_fraction"))] for arm, e in per_arm.items()]
+
+
+def end_to_end_lines(summary: dict) -> list[str]:
+    """The terminal's end-to-end lines: a heading, then one line per arm."""
+    e2e = summary.get("end_to_end")
+    if not e2e:
+        return []
+    lines = [f"\nend to end ({e2e_where(e2e)}; {E2E_SCOPE}; resumed records not timed):"]
+    width = max((len(a) for a in e2e.get("per_arm", {})), default=0)
+    for arm, e in e2e.get("per_arm", {}).items():
+        n = e.get("samples", 0)
+        if not n:
+            lines.append(f"  {arm:<{width}}  - ms/token end to end (0 samples timed)")
+            continue
+        speedup = "" if arm == e2e.get("baseline") else _speedup_words(e)
+        lines.append(f"  {arm:<{width}}  {_num(e.get('ms_per_token'), 3)} ms/token end to end (generation "
+                     f"{_num(e.get('generation_ms_per_token'), 3)}, host {_pct(e.get('host_fraction'), 0)}%), "
+                     f"{_num(e.get('ms_per_sample'), 2)} ms/sample{speedup}, scoring "
+                     f"{_num(e.get('score_ms_per_sample'), 2)} ms/sample apart, {n} samples, "
+                     f"{e.get('tokens', 0)} tokens timed")
+    return lines
+
+
+def _speedup_words(e: dict) -> str:
+    """", speedup x end to end (y generation)" for an arm's end-to-end line; "" without speedups."""
+    s_e2e, s_gen = e.get("speedup_end_to_end"), e.get("generation_speedup")
+    if s_e2e is None or s_e2e != s_e2e:  # None as read back, NaN in memory: different samples, no baseline
+        return ""
+    return f", speedup {_num(s_e2e, 3)} end to end ({_num(s_gen, 3)} generation)"
+
+
+ENGINE_COLUMNS = ["arm", "kernels", "attention", "linear", "compile", "graphs", "exact", "verify", "graph fallback",
+                  "varied between calls"]
+
+
+def _engine_cells(e: dict) -> list[str]:
+    """One arm's engine settings (summary.json's `engine[arm]`) as `ENGINE_COLUMNS[1:]` cells."""
+    exact = f"{e.get('exact_impl')} (width {e.get('exact_block_size')})" if e.get("exact") else "off"
+    verify = e.get("verify", "chain") + (f" {e.get('tree_budget')} nodes" if e.get("verify") == "tree" else "")
+    linear = "exact mode's own" if e.get("exact") else str(e.get("linear_impl"))
+    return [str(e.get("kernel_impl")), str(e.get("attention_impl")), linear, str(e.get("compile_level") or "off"),
+            "on" if e.get("graphs") else "off", exact, verify, str(e.get("graph_error") or "-"),
+            ", ".join(e.get("varied") or []) or "-"]
+
+
+def engine_rows(summary: dict) -> list[list[str]]:
+    """Rows (see `ENGINE_COLUMNS`) of the summary's `engine`: per arm, what its calls ran under."""
+    return [[arm, *_engine_cells(e)] for arm, e in (summary.get("engine") or {}).items()]
+
+
+def engine_lines(summary: dict) -> list[str]:
+    """The terminal's engine line: the settings every arm shared (verify policies are in their own
+    table), or one line per arm where they differ; [] without the runner's `engine`."""
+    rows = engine_rows(summary)
+    if not rows:
+        return []
+    def tail(r: list[str]) -> str:
+        return (("" if r[8] == "-" else f"; graph path fell back: {r[8]}")
+                + ("" if r[9] == "-" else f"; varied between calls: {r[9]}"))
+
+    if len({tuple(r[1:7] + r[8:]) for r in rows}) == 1:
+        c = rows[0]
+        return [f"\nengine (every arm): kernels {c[1]}, attention {c[2]}, linear {c[3]}, compile {c[4]}, "
+                f"graphs {c[5]}, exact {c[6]}{tail(c)}"]
+    width = max(len(r[0]) for r in rows)
+    return ["\nengine per arm:"] + [f"  {r[0]:<{width}}  kernels {r[1]}, attention {r[2]}, linear {r[3]}, "
+                                     f"compile {r[4]}, graphs {r[5]}, exact {r[6]}, verify {r[7]}{tail(r)}"
+                                     for r in rows]
