@@ -286,3 +286,30 @@ def test_header_states_whether_outputs_were_identical_to_ar(tmp_path, capsys):
     write_report(tmp_path, records, summary)
     assert expected in (tmp_path / "report.md").read_text()
     assert expected in (tmp_path / "report.html").read_text()
+
+
+def test_engine_record_names_what_varied_and_keeps_the_first_fallback():
+    from dflash2.engine.settings import EngineSettings
+    from dflash2.evaluation.analysis.run_sections import engine_lines, engine_rows, note_engine
+
+    engine: dict = {}
+    base = EngineSettings(kernel_impl="triton", attention_impl="triton", linear_impl="triton", graphs=True)
+    note_engine(engine, "ar", base, None)
+    note_engine(engine, "ar", base, "capture failed: x")
+    note_engine(engine, "ar", EngineSettings(kernel_impl="triton", attention_impl="triton", graphs=False), "y")
+    note_engine(engine, "dflash2@N=3", None, None)  # no settings: nothing recorded
+    rec = engine["ar"]
+    assert list(engine) == ["ar"] and rec["linear_impl"] == "triton" and rec["graphs"] is True
+    assert rec["varied"] == ["linear_impl", "graphs"] and rec["graph_error"] == "capture failed: x"
+    assert engine_rows({"engine": engine}) == [["ar", "triton", "triton", "triton", "off", "on", "off", "chain",
+                                                "capture failed: x", "linear_impl, graphs"]]
+    line, = engine_lines({"engine": engine})
+    assert line.startswith("\nengine (every arm): kernels triton, attention triton, linear triton, compile off, "
+                           "graphs on, exact off; graph path fell back: capture failed: x; varied between calls: "
+                           "linear_impl, graphs")
+    exact = EngineSettings(kernel_impl="triton", attention_impl="triton", exact=True, exact_impl="invariant",
+                           graphs=True, verify="tree", tree_budget=32)
+    note_engine(engine, "tree32@N=7", exact, None)
+    lines = engine_lines({"engine": engine})
+    assert lines[0] == "\nengine per arm:" and "exact invariant (width 16), verify tree 32 nodes" in lines[2]
+    assert "linear exact mode's own" in lines[2]

@@ -4,10 +4,12 @@ terminal lines: `end_to_end` (each arm's timed work, `dflash2.evaluation.running
 `report.write_report` shows the rows as tables; a summary rebuilt from records alone has neither.
 
 Public: `E2E_COLUMNS`, `E2E_SCOPE`, `e2e_where`, `end_to_end_rows`, `end_to_end_lines`,
-`ENGINE_COLUMNS`, `engine_rows`, `engine_lines`.
+`ENGINE_COLUMNS`, `engine_rows`, `engine_lines`, `note_engine`.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from dflash2.evaluation.analysis.formatting import fmt_number as _num
 from dflash2.evaluation.analysis.formatting import fmt_share as _pct
@@ -100,3 +102,17 @@ def engine_lines(summary: dict) -> list[str]:
     return ["\nengine per arm:"] + [f"  {r[0]:<{width}}  kernels {r[1]}, attention {r[2]}, linear {r[3]}, "
                                      f"compile {r[4]}, graphs {r[5]}, exact {r[6]}, verify {r[7]}{tail(r)}"
                                      for r in rows]
+
+
+def note_engine(engine: dict, label: str, settings, graph_error: str | None) -> None:
+    """Add one call of arm `label` to `engine` (summary.json's `engine`, arm -> record): the call's
+    resolved settings (`SpeculativeOutput.settings`, an `EngineSettings`; None adds nothing) and
+    why its graph path fell back to the eager loop, if it did. The arm's first call sets its
+    record; a setting a later call resolved otherwise is named in the record's `varied` list, and
+    the first fallback reason is kept."""
+    if settings is None:
+        return
+    ran = dataclasses.asdict(settings)
+    seen = engine.setdefault(label, {**ran, "graph_error": None, "varied": []})
+    seen["varied"] += [k for k, v in ran.items() if seen[k] != v and k not in seen["varied"]]
+    seen["graph_error"] = seen["graph_error"] or graph_error

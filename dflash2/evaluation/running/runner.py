@@ -24,8 +24,6 @@ fsynced record, with the generation call, the scorers and those extra forwards a
 
 from __future__ import annotations
 
-import dataclasses
-
 import hashlib
 import json
 import logging
@@ -44,6 +42,7 @@ from dflash2.evaluation.analysis.records import RECORDS, Record, append_records,
 from dflash2.evaluation.running.sandbox import SandboxLimits, check_humaneval
 from dflash2.evaluation.running.scoring import gsm8k_correct, humaneval_completion, load_judge
 from dflash2.evaluation.running.sharding import SHARDS_DIR, Shard, existing_records, shard_file, shard_of
+from dflash2.evaluation.analysis.run_sections import note_engine
 from dflash2.evaluation.running.timing import ArmTiming, summarize_end_to_end
 
 log = logging.getLogger(__name__)
@@ -362,17 +361,6 @@ class EvalRunner:
         bar.close()
         return records
 
-    def _note_engine(self, label: str, out) -> None:
-        """Record what arm `label`'s call ran (`SpeculativeOutput.settings`, and the first reason a
-        graph path fell back to the eager loop) for summary.json's `engine`. The first call of an arm
-        sets it; the names of settings a later call resolved otherwise go to its `varied` list."""
-        if out.settings is None:
-            return
-        ran = dataclasses.asdict(out.settings)
-        seen = self.engine.setdefault(label, {**ran, "graph_error": None, "varied": []})
-        seen["varied"] += [k for k, v in ran.items() if seen[k] != v and k not in seen["varied"]]
-        seen["graph_error"] = seen["graph_error"] or out.times.graph_error
-
     def end_to_end(self) -> dict:
         """summary.json's `end_to_end` for this process (`timing.summarize_end_to_end`)."""
         baseline = next((a.label for a in self.arms if a.spec.baseline), None)
@@ -443,7 +431,7 @@ class EvalRunner:
                 raise RuntimeError("exact=true but this engine has no exact mode; set exact=false") from e
             raise
         wall = self._clock() - t0
-        self._note_engine(arm.label, out)
+        note_engine(self.engine, arm.label, out.settings, out.times.graph_error)
         score_s = analysis_s = 0.0
         recs = []
         for b, ((item, turn), sid) in enumerate(zip(todo, sids)):
