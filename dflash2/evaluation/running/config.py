@@ -235,56 +235,37 @@ def validate(cfg: Any) -> None:
     level = getattr(cfg, "compile_level", None)
     if level is not None and level not in COMPILE_LEVELS:
         raise ValueError(f"compile_level={level!r}: use null (off), light or full")
-    from dflash2.kernels.dispatch import IMPLS
+    import torch
 
-    attention = getattr(cfg, "attention_impl", "auto")
-    if attention not in IMPLS:
-        raise ValueError(f"attention_impl={attention!r}: use one of {', '.join(IMPLS)}")
-    if attention == "triton":  # refused here, before any file is written, not in the engine mid-run
-        from dflash2.kernels.dispatch import resolve_impl
-        from dflash2.runconfig import resolve_device
+    from dflash2.kernels.dispatch import IMPLS, resolve_impl
+    from dflash2.runconfig import resolve_device
 
-        try:
-            resolve_impl(attention, resolve_device(cfg.hardware))
-        except RuntimeError as exc:
-            raise ValueError(f"attention_impl=triton: {exc}") from None
     linear = getattr(cfg, "linear_impl", "torch")
     if linear == "triton" and cfg.exact:
         raise ValueError("linear_impl=triton with exact=true: exact mode picks its own (invariant) linear kernel; "
                          "drop one of the two")
-    for name in ("linear_impl", "kernel_impl"):
+    for name in ("attention_impl", "linear_impl", "kernel_impl"):
         choice = getattr(cfg, name, "auto")
         if choice not in IMPLS:
             raise ValueError(f"{name}={choice!r}: use one of {', '.join(IMPLS)}")
-        if choice == "triton":  # refused here, before any file is written
-            from dflash2.kernels.dispatch import resolve_impl
-            from dflash2.runconfig import resolve_device
-
+        if choice == "triton":  # refused here, before any file is written, not in the engine mid-run
             try:
                 resolve_impl(choice, resolve_device(cfg.hardware))
             except RuntimeError as exc:
                 raise ValueError(f"{name}=triton: {exc}") from None
+    # The device the config names (whether it is present is checked where it is used).
+    device = resolve_device(cfg.hardware) if cfg.hardware.device == "auto" else torch.device(cfg.hardware.device)
     if getattr(cfg, "graphs", None):
-        import torch
-
-        from dflash2.runconfig import resolve_device
-
-        where = resolve_device(cfg.hardware) if cfg.hardware.device == "auto" else torch.device(cfg.hardware.device)
-        if where.type != "cuda":
-            raise ValueError(f"graphs=true: CUDA graphs need a CUDA device, and this run's is {where}; use null "
+        if device.type != "cuda":
+            raise ValueError(f"graphs=true: CUDA graphs need a CUDA device, and this run's is {device}; use null "
                              "(auto) or false")
         if cfg.exact and getattr(cfg, "exact_impl", "auto") == "rows":
             raise ValueError("graphs=true with exact_impl=rows: that exact mode runs its row-by-row forwards "
                              "eagerly; use exact_impl=auto/invariant or graphs=null")
     # Exact mode's settings are checked by the engine's own resolver, the one the runner resolves
-    # them with (`dflash2.engine.inputs.resolve_exact`), here before any model is loaded, on the
-    # device the config names (whether it is present is checked where it is used).
-    import torch
-
+    # them with (`dflash2.engine.inputs.resolve_exact`), here before any model is loaded.
     from dflash2.engine.inputs import resolve_exact
-    from dflash2.runconfig import resolve_device
 
-    device = resolve_device(cfg.hardware) if cfg.hardware.device == "auto" else torch.device(cfg.hardware.device)
     resolve_exact(bool(cfg.exact), getattr(cfg, "exact_impl", "auto"), device, compile_level=level)
     if cfg.stats.n_resamples < 1:
         raise ValueError(f"stats.n_resamples={cfg.stats.n_resamples}: use >= 1 bootstrap resamples (>= 1000 for "
