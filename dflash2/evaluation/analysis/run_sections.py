@@ -87,21 +87,21 @@ def engine_rows(summary: dict) -> list[list[str]]:
 def engine_lines(summary: dict) -> list[str]:
     """The terminal's engine line: the settings every arm shared (verify policies are in their own
     table), or one line per arm where they differ; [] without the runner's `engine`."""
-    rows = engine_rows(summary)
+    rows = [dict(zip(ENGINE_COLUMNS, r)) for r in engine_rows(summary)]
     if not rows:
         return []
-    def tail(r: list[str]) -> str:
-        return (("" if r[8] == "-" else f"; graph path fell back: {r[8]}")
-                + ("" if r[9] == "-" else f"; varied between calls: {r[9]}"))
 
-    if len({tuple(r[1:7] + r[8:]) for r in rows}) == 1:
-        c = rows[0]
-        return [f"\nengine (every arm): kernels {c[1]}, attention {c[2]}, linear {c[3]}, compile {c[4]}, "
-                f"graphs {c[5]}, exact {c[6]}{tail(c)}"]
-    width = max(len(r[0]) for r in rows)
-    return ["\nengine per arm:"] + [f"  {r[0]:<{width}}  kernels {r[1]}, attention {r[2]}, linear {r[3]}, "
-                                     f"compile {r[4]}, graphs {r[5]}, exact {r[6]}, verify {r[7]}{tail(r)}"
-                                     for r in rows]
+    def words(c: dict, keys: list[str]) -> str:
+        notes = [f"{label}: {c[key]}" for key, label in (("graph fallback", "graph path fell back"),
+                                                         ("varied between calls", "varied between calls"))
+                 if c[key] != "-"]
+        return ", ".join(f"{k} {c[k]}" for k in keys) + "".join(f"; {n}" for n in notes)
+
+    shared = ENGINE_COLUMNS[1:7]  # kernels .. exact
+    if len({tuple(v for k, v in c.items() if k not in ("arm", "verify")) for c in rows}) == 1:
+        return [f"\nengine (every arm): {words(rows[0], shared)}"]
+    width = max(len(c["arm"]) for c in rows)
+    return ["\nengine per arm:"] + [f"  {c['arm']:<{width}}  {words(c, [*shared, 'verify'])}" for c in rows]
 
 
 def note_engine(engine: dict, label: str, settings, graph_error: str | None) -> None:
