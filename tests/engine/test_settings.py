@@ -23,6 +23,7 @@ from dflash2.engine.inputs import check_generate_inputs
 from dflash2.engine.settings import EngineSettings
 from dflash2.modeling import conv as conv_mod
 from dflash2.modeling import draft as draft_mod
+from dflash2.target import as_target
 from tests.conftest import randomize_, tiny_draft_config, tiny_qwen3
 
 VOCAB = 300
@@ -33,6 +34,9 @@ TRITON = dict(impl="triton", attention_impl="triton")
 @pytest.fixture(scope="module")
 def models():
     target = tiny_qwen3(vocab=VOCAB, hidden=64, layers=4, seed=0).float()
+    # The engine wraps a plain HF model once and caches the wrapper on it (`dflash2.target.as_target`):
+    # wrap it here, so "nothing was set on the models" holds whichever test of the module runs first.
+    as_target(target)
     draft = randomize_(DFlash2DraftModel(tiny_draft_config(vocab=VOCAB, block_size=8)), seed=1, std=0.05).eval()
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, VOCAB - 1, (n,), generator=g) for n in (6, 11)]
