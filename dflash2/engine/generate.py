@@ -183,7 +183,7 @@ def speculative_generate(
             (the DFlash2 draft, the AR baseline, or a proposer with `graph_safe = True`); False =
             the eager loop; True = on, or an error saying why it cannot be. With graphs the rows run in
             a batch bucket, and the state and its graphs are kept on the target for later calls
-            with the same settings (the most recently used few, `dflash2.engine.state`;
+            with the same settings (the most recently used few, `dflash2.engine.kept`;
             `release_decode_state(model)` frees them).
         compile_level: None (off), `"light"` or `"full"`: compile the target's (and a DFlash2
             draft's) small-kernel modules with `torch.compile` first, in place and once per model

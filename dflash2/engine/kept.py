@@ -3,17 +3,17 @@
 A decoding state (`dflash2.engine.state.DecodeState`), with the CUDA graphs captured on it (one
 per K/V bucket), stays on the target model after the call (`model._dflash2_decode_state`, a
 `KeptStates`: the `MAX_KEPT_STATES` most recently used, within `kept_bytes_cap` of their buffers'
-bytes) and serves a later call whose `state_key` matches (same weights in place, same draft, N, batch bucket,
-sampling filters, stop-token count, kernels) and whose rows fit its slots: the call loads its
-prompts into the buffers in place, and the graphs of earlier calls replay from its second step on,
-with no capture. An evaluation that interleaves arms per prompt (AR, several N, several drafts)
-therefore captures each arm's graphs once, not once per call. A state of the same key and batch
-that is too short is freed before its longer successor is built; past either cap the least
-recently used states not in use are freed (so a new state may briefly sit beside the ones it
-displaces), and a new state that does not fit the device's memory beside the kept ones frees
-the idle ones and is built again, once. `release_decode_state(model)` frees them all at once
-(their K/V buffers and graph pools stay allocated until then). The eager loop and custom
-proposers (whose state is their own) build a state per call, at the call's own batch size.
+bytes) and serves a later call whose `state_key` matches (same weights in place, same draft, N,
+batch bucket, sampling filters, stop-token count, kernels) and whose rows fit its slots: the call
+loads its prompts into the buffers in place, and the graphs of earlier calls replay from its
+second step on, with no capture. An evaluation that interleaves arms per prompt (AR, several N,
+several drafts) therefore captures each arm's graphs once, not once per call. A state of the same
+key and batch that is too short is freed before its longer successor is built; past either cap the
+least recently used states not in use are freed (so a new state may briefly sit beside the ones it
+displaces), and a new state that does not fit the device's memory beside the kept ones frees the
+idle ones and is built again, once. `release_decode_state(model)` frees them all at once (their
+K/V buffers and graph pools stay allocated until then). The eager loop and custom proposers (whose
+state is their own) build a state per call, at the call's own batch size.
 
 Public: `state_key`, `kept_state`, `keep_state`, `kept_states`, `free_idle_states`,
 `release_decode_state`, `state_nbytes`, `KeptStates`.

@@ -38,11 +38,11 @@ from dflash2.engine.stats import tau_pooled
 from dflash2.evaluation.running import datasets as ds
 from dflash2.evaluation.arms import Arm, build_arms, draft_for_arm, enabled, kind_of, registered
 from dflash2.evaluation.running.config import changed_keys, run_identity, to_container, validate
+from dflash2.evaluation.analysis.run_sections import note_engine
 from dflash2.evaluation.analysis.records import RECORDS, Record, append_records, as_records, exact_of_records
 from dflash2.evaluation.running.sandbox import SandboxLimits, check_humaneval
 from dflash2.evaluation.running.scoring import gsm8k_correct, humaneval_completion, load_judge
 from dflash2.evaluation.running.sharding import SHARDS_DIR, Shard, existing_records, shard_file, shard_of
-from dflash2.evaluation.analysis.run_sections import note_engine
 from dflash2.evaluation.running.timing import ArmTiming, summarize_end_to_end
 
 log = logging.getLogger(__name__)
