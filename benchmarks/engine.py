@@ -379,7 +379,8 @@ def render(runs: list[dict]) -> str:
     exact = [c for c in cells if c["arm"].endswith(EXACT_SUFFIX) and c["status"] == "ok"]
     if exact:
         lines += ["## Exact mode's cost", "", "Exact arm's ms/step over the same N's normal arm's, same run (exact "
-                  f"mode: `exact_block_size` {MAX_N + 1}, `exact_impl` {m0.get('exact_impl')}, no compile; the "
+                  f"mode: `exact_block_size` {MAX_N + 1}, `exact_impl` {m0.get('exact_impl')}, compile level "
+                  f"{exact_level(m0.get('compile_level', 'none'), m0.get('exact_impl', 'none')) or 'none'}; the "
                   "normal arms at this run's compile level).", "",
                   "| context | batch | arm | exact ms/step | cost ratio |", "| --- | --- | --- | --- | --- |"]
         lines += [f"| {c['context']} | {c['batch']} | {c['arm']} | {_f(c['ms_step'])} | {_f(c.get('exact_cost'))} |"
@@ -424,6 +425,14 @@ def build_models(shape: str, device: torch.device, seed: int = 0):
     return target, draft
 
 
+def exact_level(level: str, exact_impl: str) -> str | None:
+    """The compile level of an exact arm beside normal arms at `level` (`"none"`, `"light"`,
+    `"full"`): exact mode compiles at `"light"` at most, and not at all with `exact_impl="rows"`."""
+    if level == "none" or exact_impl == "rows":
+        return None
+    return "light"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -442,16 +451,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--attention-impl", choices=["auto", "torch", "triton"], default="auto",
                    help="our arms' target attention kernel (dflash2.kernels.row_attention; auto = the engine's "
                         "default, Triton on CUDA; torch = SDPA + mask)")
-    p.add_argument("--linear-impl", choices=["auto", "torch", "triton"], default="torch",
+    p.add_argument("--linear-impl", choices=["auto", "torch", "triton"], default="auto",
                    help="our arms' linear layers (dflash2.kernels.linear: triton = the small-M kernel, inside "
-                        "compiled modules too; torch = F.linear, the engine's default)")
-    p.add_argument("--compile-level", choices=["none", *COMPILE_LEVELS], default="light",
-                   help="our arms' compile_level (dflash2.engine.compiled; none = stock modules); the compile of "
-                        "each shape class is paid in an untimed run before the cell")
+                        "compiled modules too; torch = F.linear; auto = the engine's default, triton on CUDA)")
+    p.add_argument("--compile-level", choices=["auto", "none", *COMPILE_LEVELS], default="auto",
+                   help="our arms' compile_level (dflash2.engine.compiled; auto = the engine's default, light on "
+                        "CUDA; none = stock modules); the compile of each shape class is paid in an untimed run "
+                        "before the cell")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall seconds from start; later cells are skipped")
     p.add_argument("--exact-impl", choices=["none", "rows", "invariant"], default="none",
                    help="also run each of our arms in exact mode with this exact_impl (exact_block_size 16, "
-                        "uncompiled); the table gets the cost ratio exact / normal per arm")
+                        "compiled as --compile-level where exact mode takes it: light at most, none with rows); "
+                        "the table gets the cost ratio exact / normal per arm")
     p.add_argument("--out", type=Path, help="Markdown file")
     p.add_argument("--json", type=Path, help="raw numbers (JSON)")
     p.add_argument("--merge", type=Path, nargs="+", help="render --out from these --json files; measure nothing")
@@ -503,6 +514,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     dtype = getattr(torch, spec.dtype)
     target, draft = build_models(args.shape, dev)
     level = args.compile_level if dev.type == "cuda" else "none"
+    if level == "auto":  # the engine's default: light on CUDA (dflash2.engine.inputs.resolve_compile)
+        level = "light" if dev.type == "cuda" else "none"
     hf_arms = {"hf_eager", "hf_compile"} & set(args.arms.split(","))
     # Our compile is in place: the peers get their own stock copy (same seed = same weights).
     hf_model = build_models(args.shape, dev)[0].model if level != "none" and hf_arms else target.model
@@ -566,8 +579,9 @@ def main(argv: list[str] | None = None) -> dict | None:
                 if kind.startswith("ours"):
                     engine_kw = (dict(compile_level=None if level == "none" else level,
                                       attention_impl=args.attention_impl, linear_impl=args.linear_impl)
-                                 if kind == "ours" else  # exact mode picks its own kernels and runs uncompiled
-                                 dict(exact=True, exact_block_size=MAX_N + 1, exact_impl=args.exact_impl))
+                                 if kind == "ours" else  # exact mode picks its own kernels; compiled at light at most
+                                 dict(exact=True, exact_block_size=MAX_N + 1, exact_impl=args.exact_impl,
+                                      compile_level=exact_level(level, args.exact_impl)))
                     res = run_ours(target, draft, ids, n, args.new_tokens, args.warmup_steps, engine_kw, args.repeats)
                 else:
                     res = run_hf(hf_model, ids, args.new_tokens, kind == "hf_compile", args.repeats)

@@ -399,11 +399,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--arms", default="hf_compile,ours", help="subset of hf_eager,hf_compile,ours (ours required)")
     p.add_argument("--attention-impl", choices=["auto", "torch", "triton"], default="auto",
                    help="our arms' target attention kernel (as in benchmarks.engine)")
-    p.add_argument("--linear-impl", choices=["auto", "torch", "triton"], default="torch",
+    p.add_argument("--linear-impl", choices=["auto", "torch", "triton"], default="auto",
                    help="our arms' linear layers (as in benchmarks.engine: triton = the small-M kernel; "
-                        "torch = F.linear)")
-    p.add_argument("--compile-level", choices=["none", *COMPILE_LEVELS], default="light",
-                   help="our arms' compile_level (dflash2.engine.compiled); paid in the warm-up call")
+                        "torch = F.linear; auto = the engine's default, triton on CUDA)")
+    p.add_argument("--compile-level", choices=["auto", "none", *COMPILE_LEVELS], default="auto",
+                   help="our arms' compile_level (dflash2.engine.compiled; auto = the engine's default, light on "
+                        "CUDA); paid in the warm-up call")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall seconds from start; later cells are skipped")
     p.add_argument("--profile", action="store_true",
                    help="after each arm's timed calls, one more call under torch.profiler: GPU busy time, launches, "
@@ -453,7 +454,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     t_start = time.perf_counter()
     dev = args.device
-    level = args.compile_level if dev.type == "cuda" else "none"  # on CPU our arms run uncompiled
+    level = args.compile_level if dev.type == "cuda" else "none"
+    if level == "auto":  # the engine's default: light on CUDA (dflash2.engine.inputs.resolve_compile)
+        level = "light" if dev.type == "cuda" else "none"  # on CPU our arms run uncompiled
     engine_kw = dict(compile_level=None if level == "none" else level, attention_impl=args.attention_impl,
                      linear_impl=args.linear_impl)
     hf_copy = level != "none" and bool(args.hf_arms)

@@ -33,7 +33,18 @@ never inside a CUDA-graph capture.
 Compiled kernels give the same results as the stock ones up to floating-point rounding (a fused
 reduction sums in another order), so greedy output can differ from an uncompiled run at bf16
 near-ties, as the graph path's K/V buckets do; losslessness (speculative == AR of the same
-engine) is unaffected. Exact mode refuses it (`dflash2.engine.inputs`).
+engine) is unaffected. Inductor compiles with `emulate_precision_casts` (`INDUCTOR_OPTIONS`): a
+fused chain rounds its intermediates where the eager ops would, so its bits do not depend on
+which ops a compiled graph fused.
+
+Exact mode with the invariant kernels compiles at `"light"` (the default on CUDA;
+`dflash2.engine.inputs.resolve_compile`): the norms' means and every linear go through the
+invariant operators (`dflash2::row_mean`, `dflash2::small_m_linear`: dynamo traces the function
+modes around the step and emits them, Inductor calls them whole), so what Inductor generates
+there is elementwise (casts, squares, rsqrt, SiLU, products), one result per element from that
+element's inputs whatever the row count or block width. A frame that passed its recompile limit
+would run its stock eager code instead, with other roundings; exact mode therefore makes that an
+error (`strict_recompiles`). `"full"` and exact mode `"rows"` stay uncompiled in exact mode.
 """
 
 from __future__ import annotations
@@ -49,6 +60,8 @@ from dflash2.target import TargetModel
 COMPILE_LEVELS = ("light", "full")
 COMPILED_FLAG = "_dflash2_compiled"
 LIGHT_RECOMPILE_LIMIT = 64  # entries per compiled frame (see compile_modules)
+# Inductor options of every compile (module docstring): round as the eager ops do.
+INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
 
 
 def _light_parts(root: nn.Module) -> list[nn.Module]:
@@ -112,10 +125,20 @@ def compile_modules(model: nn.Module, layers, level: str = "light", *, backend: 
         # frame across model classes, so every compiled model of the process counts against one limit.
         config.recompile_limit = max(config.recompile_limit, 16 * len(attention))
         config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 64 * len(attention))
+    options = dict(INDUCTOR_OPTIONS) if backend == "inductor" else None
     for part in parts:
-        part.compile(backend=backend, dynamic=dynamic)
+        part.compile(backend=backend, dynamic=dynamic, options=options)
     setattr(owner, COMPILED_FLAG, (level, backend))
     return len(parts)
+
+
+def is_compiled(*models) -> bool:
+    """Whether `compile_modules` compiled any of `models` (TargetModels, HF models, drafts, None)."""
+    for model in models:
+        owner = model.model if isinstance(model, TargetModel) else model
+        if getattr(owner, COMPILED_FLAG, None) is not None:
+            return True
+    return False
 
 
 @contextlib.contextmanager
@@ -126,3 +149,11 @@ def eager_forward(enabled: bool = True) -> Iterator[None]:
         return
     with torch.compiler.set_stance("force_eager"):
         yield
+
+
+def strict_recompiles() -> None:
+    """Make a compiled frame that reaches its recompile limit raise instead of running its
+    original code (dynamo's `fail_on_recompile_limit_hit`, process-wide from the first exact-mode
+    call with a compile level on): in exact mode that eager code would round otherwise than the
+    compiled code the other calls ran, and their bits would silently part."""
+    torch._dynamo.config.fail_on_recompile_limit_hit = True

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from dflash2.engine.cache import static_attention
-from dflash2.engine.compiled import compile_modules, eager_forward
+from dflash2.engine.compiled import compile_modules, eager_forward, is_compiled, strict_recompiles
 from dflash2.engine.draft import DFlash2Proposer
 from dflash2.engine.graphs import GRAPH_KV_BUCKET, StepGraphs
 from dflash2.engine.inputs import GenerateInputError, check_generate_inputs
@@ -143,9 +143,9 @@ def speculative_generate(
     exact: bool = False,
     exact_block_size: int | None = None,
     graphs: bool | None = None,
-    compile_level: str | None = None,
+    compile_level: str | None = "auto",
     attention_impl: str = "auto",
-    linear_impl: str = "torch",
+    linear_impl: str = "auto",
     exact_impl: str = "auto",
     progress: Callable[[int], object] | None = None,
     verify: str = "chain",
@@ -185,22 +185,27 @@ def speculative_generate(
             a batch bucket, and the state and its graphs are kept on the target for later calls
             with the same settings (the most recently used few, `dflash2.engine.kept`;
             `release_decode_state(model)` frees them).
-        compile_level: None (off), `"light"` or `"full"`: compile the target's (and a DFlash2
-            draft's) small-kernel modules with `torch.compile` first, in place and once per model
+        compile_level: `"auto"` (default: `"light"` on CUDA, in normal mode and in exact mode
+            with the invariant kernels; off on CPU and in exact mode `"rows"`), None (off),
+            `"light"` or `"full"`: compile the target's (and a DFlash2 draft's) small-kernel
+            modules with `torch.compile` first, in place and once per model
             (`dflash2.engine.compiled`): fused norm / activation (and, "full", attention-side)
-            kernels. The prefill stays uncompiled; each new shape class pays its compile once.
-            Not with exact mode.
+            kernels. The prefill stays uncompiled; each new shape class pays its compile once (a
+            first call of a shape takes seconds longer). Exact mode takes `"light"` with the
+            invariant kernels only (`dflash2.engine.inputs.resolve_compile`). With None, a model
+            an earlier call compiled runs its stock code (compiled code runs eagerly in the call).
         attention_impl: the target attention's kernel, `"auto"` (default: Triton on CUDA, the
             reference on CPU) | `"torch"` (SDPA with a per-row mask) | `"triton"`, resolved once
             (`dflash2.kernels.row_attention`; docs/PERFORMANCE.md compares the two). Exact mode
             keeps its own kernel.
         linear_impl: the target's and the draft's linear layers at decode and verify sizes (at
-            most 32 rows): `"torch"` (default, `F.linear`) | `"triton"` (the small-M
+            most 32 rows): `"auto"` (default: Triton on CUDA, `F.linear` elsewhere) | `"torch"`
+            (`F.linear`) | `"triton"` (the small-M
             weight-streaming kernel, `dflash2.kernels.linear`, through a function mode owned by the
             decoding state; under `compile_level` the compiled modules call it as an opaque operator,
             one per linear; outside compiled modules each attention's q/k/v and each MLP's gate/up
-            run as one launch that reads the members' weights in place) | `"auto"` (Triton on
-            CUDA). Not with exact mode, which picks its own kernels.
+            run as one launch that reads the members' weights in place). Exact mode picks its own
+            kernels: `"auto"` leaves them, `"triton"` is refused there.
         exact_impl: how exact mode makes a row independent of its batch: `"rows"` (every target
             forward row by row, eagerly, with the stock kernels) | `"invariant"` (one batched
             forward through batch-invariant kernels, replayed from CUDA graphs: module docstring)
@@ -250,6 +255,8 @@ def speculative_generate(
     engine = checked.settings  # resolved once, passed down (dflash2.engine.settings): nothing is set on the models
     if engine.compile_level is not None:
         compile_modules(tgt, tgt.decoder_layers, engine.compile_level)
+        if engine.exact:
+            strict_recompiles()
         if draft is not None and not proposer_like:  # a DFlash2 draft model; its attention is ours: light only
             compile_modules(draft, draft.layers, "light")
     # On CUDA a K/V length that grows by one every step gives attention a new shape every step,
@@ -311,9 +318,13 @@ def speculative_generate(
         state.lock.acquire()
         if key is not None:
             keep_state(tgt, state)
+    # compile_level=None runs the stock code even on models an earlier call compiled in place.
+    stock = engine.compile_level is None and is_compiled(tgt, draft)
     try:
-        return _decode(state, tgt, rows, checked, max_new_tokens=max_new_tokens, temperature=temperature, stops=stops,
-                       kv_bucket=kv_bucket, clock=clock, sync=sync, pipelined=not timing, progress=progress)
+        with eager_forward(stock):
+            return _decode(state, tgt, rows, checked, max_new_tokens=max_new_tokens, temperature=temperature,
+                           stops=stops, kv_bucket=kv_bucket, clock=clock, sync=sync, pipelined=not timing,
+                           progress=progress)
     finally:
         state.lock.release()
 

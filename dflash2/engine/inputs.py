@@ -98,8 +98,8 @@ def exact_width(block_size: int | None, num_speculative_tokens: Iterable[int] = 
 
 def resolve_exact(exact, exact_impl, device: torch.device, *, compile_level=None,
                   shape: tuple[int, int, int] | None = None, width: int | None = None) -> str:
-    """The one resolver and check of exact mode's settings: `exact` a bool; `compile_level` off
-    with exact mode (its kernels run uncompiled); `exact_impl` (`"auto" | "rows" | "invariant"`)
+    """The one resolver and check of exact mode's settings: `exact` a bool; `compile_level` one
+    exact mode can run (`resolve_compile`); `exact_impl` (`"auto" | "rows" | "invariant"`)
     resolved: auto = `"invariant"` on a CUDA device whose kernels can run it (proven in bf16 on the
     H200: tests/gpu/test_exact_mode.py), `"rows"` everywhere else (on a CPU the interpreter would
     run the Triton kernels slowly). With `exact`, `"invariant"` is refused where its kernels cannot
@@ -110,12 +110,10 @@ def resolve_exact(exact, exact_impl, device: torch.device, *, compile_level=None
     model is loaded (no `shape`). Raises `GenerateInputError` naming the argument and the fix."""
     if not isinstance(exact, bool):
         _fail("exact", f"is {exact!r}", "pass True or False")
-    if compile_level is not None and exact:
-        _fail("compile_level", f"is {compile_level!r} with exact=True (exact mode runs its own kernels uncompiled: "
-              "its bf16 proof on the GPU covers that path only)", "drop one of the two")
     if exact_impl not in ("auto", *EXACT_IMPLS):
         _fail("exact_impl", f"is {exact_impl!r}", "use 'auto', 'rows' or 'invariant'")
     if exact_impl == "rows" or (exact_impl == "auto" and device.type != "cuda"):
+        resolve_compile(compile_level, device, exact, "rows")
         return "rows"
     unavailable = invariant_unavailable(device)
     reasons = [f"it {unavailable}"] if unavailable else []
@@ -127,10 +125,58 @@ def resolve_exact(exact, exact_impl, device: torch.device, *, compile_level=None
             reasons.append(f"the row-attention kernel does not take {heads}/{kv_heads} heads x width {width} x "
                            f"head_dim {head_dim}")
     if exact_impl == "auto":
-        return "rows" if reasons else "invariant"
-    if exact and reasons:
-        _fail("exact_impl", "is 'invariant' but " + "; ".join(reasons), "pass exact_impl='rows' (or 'auto')")
-    return "invariant"
+        kind = "rows" if reasons else "invariant"
+    else:
+        if exact and reasons:
+            _fail("exact_impl", "is 'invariant' but " + "; ".join(reasons), "pass exact_impl='rows' (or 'auto')")
+        kind = "invariant"
+    resolve_compile(compile_level, device, exact, kind)
+    return kind
+
+
+def resolve_compile(compile_level, device: torch.device, exact: bool, exact_kind: str) -> str | None:
+    """The compile level a call runs (`dflash2.engine.compiled`), from `compile_level`
+    (`"auto"`, the default, None = off, `"light"` or `"full"`).
+
+    `"auto"` = `"light"` on a CUDA device with Triton, in normal mode and in exact mode with the
+    invariant kernels (compiled, their norms' means and linears stay the invariant operators and
+    everything Inductor fuses around them is per element: `dflash2.engine.compiled`); None on
+    any other device and in exact mode `"rows"`, whose proof is the stock kernels run eagerly.
+    Refused (`GenerateInputError`): an unknown level; a level with exact mode `"rows"`;
+    `"full"` with exact mode (it compiles each attention module, which exact mode's proof does
+    not cover)."""
+    if compile_level is not None and compile_level not in ("auto", *COMPILE_LEVELS):
+        _fail("compile_level", f"is {compile_level!r}", f"pass 'auto' (the default), None (off) or one of "
+              f"{COMPILE_LEVELS}")
+    if compile_level == "auto":
+        from dflash2.kernels.dispatch import triton_available
+
+        if device.type != "cuda" or not triton_available() or (exact and exact_kind == "rows"):
+            return None
+        return "light"
+    if compile_level is not None and exact:
+        if exact_kind == "rows":
+            _fail("compile_level", f"is {compile_level!r} with exact_impl='rows' (that exact mode runs the stock "
+                  "kernels eagerly, row by row)", "pass compile_level='auto' or None, or exact_impl='invariant'")
+        if compile_level == "full":
+            _fail("compile_level", "is 'full' with exact=True (exact mode compiles the norms and MLPs only; "
+                  "'full' also compiles each attention module)", "pass compile_level='light' or 'auto'")
+    return compile_level
+
+
+def resolve_linear(linear_impl, device: torch.device, exact: bool) -> str:
+    """The resolved `linear_impl` of a call: `"auto"` (the default) = the small-M kernel
+    (`"triton"`) on CUDA with Triton, `"torch"` elsewhere; in exact mode always `"torch"` here,
+    since exact mode picks its own linear (the invariant small-M kernel for every row count, or
+    the stock one row by row), and an explicit `"triton"` is refused there."""
+    if linear_impl not in IMPLS:
+        _fail("linear_impl", f"is {linear_impl!r}", f"use one of {IMPLS}")
+    if exact:
+        if linear_impl == "triton":
+            _fail("linear_impl", "is 'triton' with exact=True (exact mode picks its own kernels: exact_impl)",
+                  "drop one of the two")
+        return "torch"
+    return resolve_impl(linear_impl, device)
 
 
 def resolve_exact_impl(exact_impl, exact: bool, tgt: TargetModel, width: int, compile_level=None) -> str:
@@ -312,9 +358,9 @@ def check_generate_inputs(
     exact=False,
     exact_block_size=None,
     graphs=None,
-    compile_level=None,
+    compile_level="auto",
     attention_impl="auto",
-    linear_impl="torch",
+    linear_impl="auto",
     exact_impl="auto",
     verify="chain",
     tree_budget=None,
@@ -392,14 +438,11 @@ def check_generate_inputs(
     if limit is not None:
         _check_position_limit(rows, max_new, exact_block_size - 1 if exact else n_spec, int(limit))
     stops = _stop_ids(stop_token_ids, vocab)
-    if compile_level is not None and compile_level not in COMPILE_LEVELS:
-        _fail("compile_level", f"is {compile_level!r}", f"pass None (off) or one of {COMPILE_LEVELS}")
     exact_kind = resolve_exact_impl(exact_impl, exact, tgt, exact_block_size, compile_level=compile_level)
+    compile_level = resolve_compile(compile_level, tgt.device, exact, exact_kind)
     use_graphs = _graphs_arg(graphs, tgt, draft, exact and exact_kind == "rows")
     if attention_impl not in IMPLS:
         _fail("attention_impl", f"is {attention_impl!r}", f"use one of {IMPLS}")
-    if linear_impl not in IMPLS:
-        _fail("linear_impl", f"is {linear_impl!r}", f"use one of {IMPLS}")
     if not isinstance(verify, str) or verify not in VERIFY_POLICIES:
         _fail("verify", f"is {verify!r}", "use 'chain' (verify every drafted token, the default), 'adaptive' "
               "(per row, a verify length set by the row's earlier steps) or 'tree' (a token tree of "
@@ -414,10 +457,7 @@ def check_generate_inputs(
         _fail("tree_budget", f"is {tree_budget!r} but verify is {verify!r}", "pass tree_budget only with verify='tree'")
     else:
         tree_budget = 0
-    linear = resolve_impl(linear_impl, tgt.device)
-    if linear == "triton" and exact:
-        _fail("linear_impl", "is 'triton' with exact=True (exact mode picks its own kernels: exact_impl)",
-              "drop one of the two")
+    linear = resolve_linear(linear_impl, tgt.device, exact)
     settings = EngineSettings(kernel_impl=resolve_impl(impl, tgt.device),
                               attention_impl=resolve_impl(attention_impl, tgt.device), linear_impl=linear,
                               exact=exact, exact_block_size=exact_block_size, exact_impl=exact_kind,

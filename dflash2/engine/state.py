@@ -146,16 +146,19 @@ class DecodeState:
         # batch-invariant kernels around the steps; the normal mode's linear mode (linear_impl)
         # covers prefill and steps.
         # Each attention's q/k/v and each MLP's gate/up as one launch, where their modules run
-        # uncompiled (inside compiled modules, the MLPs at "light" and everything at "full", each
-        # linear runs as its own operator). In exact mode too: a column's bits depend on its weight
-        # row, the input row and the tiling of the fused matrix, which every call and arm of a run
-        # shares. The DFlash2 draft (compiled "light" at every level) projects its context rows
-        # with its block rows through the q/k/v group (kernel_impl "triton"); with the reference
-        # kernels it projects the context apart, and its k/v pair group runs that as one launch.
+        # uncompiled. Inside compiled modules (the MLPs at "light", everything at "full") each
+        # linear runs as its own operator, so no group is formed for them: a frame that ran eagerly
+        # after all would then still run its linears one by one, with the tilings of the compiled
+        # code. In exact mode too: a column's bits depend on its weight row, the input row and the
+        # tiling of the (fused) matrix, which every call and arm of a run shares. The DFlash2 draft
+        # (compiled "light" at every level) projects its context rows with its block rows through
+        # the q/k/v group (kernel_impl "triton"); with the reference kernels it projects the context
+        # apart, and its k/v pair group runs that as one launch.
         self.mean_mode = None
         self.linear_mode = None
         if engine.invariant_exact or engine.linear_impl == "triton":
-            fused = fusable_groups(tgt.model) if engine.compile_level != "full" else []
+            fused = (fusable_groups(tgt.model, mlp=engine.compile_level is None)
+                     if engine.compile_level != "full" else [])
             draft = getattr(proposer, "draft", None)
             if isinstance(draft, torch.nn.Module):
                 fused += fusable_groups(draft, kv_pairs=True)

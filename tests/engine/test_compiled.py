@@ -103,9 +103,41 @@ def test_compile_levels_are_checked():
         compile_modules(target, target.decoder_layers, "full")
     with pytest.raises(GenerateInputError, match="compile_level"):
         speculative_generate(target, None, PROMPTS, max_new_tokens=2, compile_level="fast")
-    with pytest.raises(GenerateInputError, match="exact=True"):
+    with pytest.raises(GenerateInputError, match="exact_impl='rows'"):  # the CPU's exact mode: rows
         speculative_generate(target, None, PROMPTS, max_new_tokens=2, compile_level="light", exact=True,
                              exact_block_size=4)
+
+
+def test_auto_compile_and_linear_resolve_per_device_and_exact_mode():
+    """The defaults (`compile_level="auto"`, `linear_impl="auto"`): light and the small-M kernel on
+    CUDA in normal mode; light with the invariant exact kernels, none with exact "rows"; off and
+    `F.linear` on the CPU. Explicit levels exact mode cannot run are refused in one line."""
+    from dflash2.engine.inputs import resolve_compile, resolve_linear
+    from dflash2.kernels.dispatch import triton_available
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    on_cuda = "light" if triton_available() else None
+    assert resolve_compile("auto", cuda, False, "invariant") == on_cuda
+    assert resolve_compile("auto", cuda, True, "invariant") == on_cuda
+    assert resolve_compile("auto", cuda, True, "rows") is None
+    assert resolve_compile("auto", cpu, False, "rows") is None
+    assert resolve_compile(None, cuda, False, "invariant") is None
+    assert resolve_compile("light", cuda, True, "invariant") == "light"
+    assert resolve_compile("full", cuda, False, "invariant") == "full"
+    with pytest.raises(GenerateInputError, match="compile_level: is 'full' with exact=True"):
+        resolve_compile("full", cuda, True, "invariant")
+    for level in ("light", "full"):
+        with pytest.raises(GenerateInputError, match=f"compile_level: is '{level}' with exact_impl='rows'"):
+            resolve_compile(level, cuda, True, "rows")
+    with pytest.raises(GenerateInputError, match="compile_level: is 'fast'"):
+        resolve_compile("fast", cpu, False, "rows")
+    assert resolve_linear("auto", cuda, False) == ("triton" if triton_available() else "torch")
+    assert resolve_linear("auto", cuda, True) == "torch" == resolve_linear("auto", cpu, False)
+    with pytest.raises(GenerateInputError, match="linear_impl: is 'triton' with exact=True"):
+        resolve_linear("triton", cuda, True)
+    target = TargetModel(tiny_qwen3(vocab=V, layers=1))
+    out = speculative_generate(target, None, PROMPTS, max_new_tokens=2)
+    assert out.settings.compile_level is None and out.settings.linear_impl == "torch"  # the CPU's defaults
 
 
 def test_attention_masks_are_built_once_per_forward_by_the_cache(monkeypatch):
@@ -146,3 +178,30 @@ def test_draft_head_reads_contiguous_rows():
     finally:
         hook.remove()
     assert seen and all(seen)
+
+
+def test_compile_level_none_runs_the_stock_code_of_a_compiled_model():
+    """A call with compile_level=None on a model an earlier call compiled runs none of the compiled
+    code (what exact mode "rows" and every uncompiled figure rely on), and gives the stock output."""
+    runs = []
+
+    def counting(gm, example_inputs):
+        def run(*args):
+            runs.append(1)
+            return gm.forward(*args)
+        return run
+
+    target = TargetModel(tiny_qwen3(vocab=V, layers=2))
+    stock = speculative_generate(target, None, PROMPTS, max_new_tokens=6)
+    torch._dynamo.reset()
+    try:
+        compile_modules(target, target.decoder_layers, "light", backend=counting)
+        compiled = speculative_generate(target, None, PROMPTS, max_new_tokens=6, compile_level="light")
+        assert runs, "the compiled code did not run"
+        runs.clear()
+        again = speculative_generate(target, None, PROMPTS, max_new_tokens=6, compile_level=None)
+        assert not runs, f"{len(runs)} compiled graph runs in a call with compile_level=None"
+    finally:
+        torch._dynamo.reset()
+    for out in (compiled, again):
+        assert [s.tolist() for s in out.sequences] == [s.tolist() for s in stock.sequences]

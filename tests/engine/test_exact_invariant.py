@@ -180,11 +180,56 @@ def test_a_group_of_seven_heads_at_width_16():
     assert torch.equal(alone.sequences[0], ar.sequences[1])
 
 
-def test_exact_mode_refuses_compile(target):
-    """Exact mode runs its kernels uncompiled (its GPU proof covers that path): any compile level is
-    refused with one line naming both arguments."""
+def test_exact_mode_takes_light_only(target):
+    """Exact mode compiles at "light" with the invariant kernels and nowhere else: "full", and any
+    level with `exact_impl="rows"`, are refused with one line naming both arguments."""
+    with pytest.raises(GenerateInputError, match="compile_level: is 'full' with exact=True"):
+        speculative_generate(target, None, PROMPTS, max_new_tokens=2, exact=True, exact_block_size=W,
+                             exact_impl="invariant", compile_level="full")
     for level in ("light", "full"):
-        for impl in ("invariant", "rows"):
-            with pytest.raises(GenerateInputError, match=f"compile_level: is '{level}' with exact=True"):
-                speculative_generate(target, None, PROMPTS, max_new_tokens=2, exact=True, exact_block_size=W,
-                                     exact_impl=impl, compile_level=level)
+        with pytest.raises(GenerateInputError, match=f"compile_level: is '{level}' with exact_impl='rows'"):
+            speculative_generate(target, None, PROMPTS, max_new_tokens=2, exact=True, exact_block_size=W,
+                                 exact_impl="rows", compile_level=level)
+
+
+def test_compiled_exact_mode_keeps_the_invariant_operators():
+    """Exact mode at compile level "light" (dynamo traced with a backend that records each graph and
+    runs it as traced): inside the compiled norms and MLPs every mean is the `dflash2::row_mean`
+    operator and every linear the `dflash2::small_m_linear` one (no aten mean or mm that Inductor
+    would generate), dynamo ran without graph breaks, the strict recompile rule is on, and the output
+    equals the uncompiled exact run's (AR and speculative), each batch row the prompt alone."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    fresh = TargetModel(tiny_qwen3(vocab=V, hidden=64, layers=2, seed=0).to(torch.bfloat16).eval())
+    stock_ar = _run(fresh, None, PROMPTS)
+    stock_spec = _run(fresh, _oracle(stock_ar), PROMPTS, num_speculative_tokens=W - 1)
+    from dflash2.engine.compiled import compile_modules
+
+    config = torch._dynamo.config
+    strict = config.fail_on_recompile_limit_hit
+    torch._dynamo.reset()
+    try:
+        assert compile_modules(fresh, fresh.decoder_layers, "light", backend=recording) > 0
+        torch._dynamo.utils.counters.clear()
+        ar = _run(fresh, None, PROMPTS, compile_level="light")
+        spec = _run(fresh, _oracle(ar), PROMPTS, num_speculative_tokens=W - 1, compile_level="light")
+        alone = _run(fresh, None, PROMPTS[1:2], compile_level="light")
+        assert config.fail_on_recompile_limit_hit
+    finally:
+        config.fail_on_recompile_limit_hit = strict
+        torch._dynamo.reset()
+    assert ar.settings.compile_level == "light" and ar.settings.invariant_exact
+    assert [s.tolist() for s in ar.sequences] == [s.tolist() for s in stock_ar.sequences]
+    assert [s.tolist() for s in spec.sequences] == [s.tolist() for s in stock_spec.sequences]
+    assert [s.tolist() for s in spec.sequences] == [s.tolist() for s in ar.sequences]
+    assert torch.equal(alone.sequences[0], ar.sequences[1])
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    targets = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    assert any("dflash2.row_mean" in t for t in targets) and any("dflash2.small_m_linear" in t for t in targets)
+    leaked = [t for t in targets if "mean" in t and "dflash2" not in t or "linear" in t and "dflash2" not in t
+              or t.endswith(("mm", "addmm", "matmul"))]
+    assert not leaked, leaked

@@ -462,8 +462,8 @@ def test_summary_reads_exact_mode_from_the_records():
 
 def test_exact_auto_is_on_for_greedy_runs_on_cuda():
     """`exact: null` (auto) resolves per run: on (invariant) for greedy on CUDA where the kernels fit
-    and nothing is compiled; off for sampling, on a CPU, with a compile level or with
-    exact_impl=rows; an explicit true/false wins."""
+    and the compile level is auto, light or null; off for sampling, on a CPU, at compile level full
+    or with exact_impl=rows; an explicit true/false wins."""
     from types import SimpleNamespace
 
     pytest.importorskip("triton")
@@ -473,14 +473,15 @@ def test_exact_auto_is_on_for_greedy_runs_on_cuda():
     config = tiny_qwen3(vocab=300, hidden=64, layers=2, seed=0).config
 
     def cfg(**kw):
-        base = dict(exact=None, exact_impl="auto", compile_level=None, temperature=0.0)
+        base = dict(exact=None, exact_impl="auto", compile_level="auto", temperature=0.0)
         return SimpleNamespace(**{**base, **kw})
 
     cuda = SimpleNamespace(device=torch.device("cuda"), config=config)
     cpu = SimpleNamespace(device=torch.device("cpu"), config=config)
     assert resolve_exact(cfg(), cuda, 8) == (True, "invariant")
-    assert resolve_exact(cfg(exact_impl="invariant"), cuda, 8) == (True, "invariant")
-    for off in (cfg(temperature=0.7), cfg(compile_level="light"), cfg(exact_impl="rows"), cfg(exact=False)):
+    for on in (cfg(exact_impl="invariant"), cfg(compile_level="light"), cfg(compile_level=None)):
+        assert resolve_exact(on, cuda, 8) == (True, "invariant")
+    for off in (cfg(temperature=0.7), cfg(compile_level="full"), cfg(exact_impl="rows"), cfg(exact=False)):
         assert resolve_exact(off, cuda, 8) == (False, None)
     assert resolve_exact(cfg(), cuda, 4096) == (False, None)  # a width the row-attention kernel does not take
     assert resolve_exact(cfg(), cpu, 8) == (False, None)
@@ -488,8 +489,8 @@ def test_exact_auto_is_on_for_greedy_runs_on_cuda():
 
 
 def test_greedy_evaluations_default_to_exact_mode_on_cuda():
-    """eval/run.py's default is `exact: null`: a greedy run of any preset that sets no compile
-    level resolves to exact mode on CUDA and to the normal mode on a CPU; `exact=false` opts out."""
+    """eval/run.py's default is `exact: null`: a greedy run of any preset not compiled at "full"
+    resolves to exact mode on CUDA and to the normal mode on a CPU; `exact=false` opts out."""
     from types import SimpleNamespace
 
     pytest.importorskip("triton")
@@ -501,6 +502,6 @@ def test_greedy_evaluations_default_to_exact_mode_on_cuda():
     for preset in ("tiny_cpu", "smollm2_gpu", "quickstart_gpu"):
         cfg = _compose([f"experiment={preset}"])
         assert cfg.exact is None and float(cfg.temperature) == 0.0
-        assert resolve_exact(cfg, cuda, 8) == ((True, "invariant") if cfg.compile_level is None else (False, None))
+        assert resolve_exact(cfg, cuda, 8) == ((True, "invariant") if cfg.compile_level != "full" else (False, None))
         assert resolve_exact(cfg, SimpleNamespace(device=torch.device("cpu"), config=config), 8) == (False, None)
     assert resolve_exact(_compose(["experiment=tiny_cpu", "exact=false"]), cuda, 8) == (False, None)

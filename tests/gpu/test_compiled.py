@@ -4,7 +4,8 @@ Fresh models per test: a compile is in place, and the other GPU tests must keep 
 In fp32 on a small random Qwen3 target and DFlash2 draft:
 - losslessness on the compiled path: greedy speculative output (the DFlash2 draft, and the device
   oracle, which accepts long runs) equals the compiled AR output token for token;
-- the same with the small-M linear kernel inside the compiled modules (`linear_impl="triton"`);
+- the same with the small-M linear kernel inside the compiled modules (`linear_impl="triton"`;
+  light + triton is the engine's default on CUDA);
 - the compiled graph path equals the uncompiled eager loop token for token (fp32: fused kernels
   change only the rounding);
 - every step after the first and each bucket's warm-up is a graph replay, run under
@@ -29,13 +30,15 @@ pytestmark = pytest.mark.gpu
 VOCAB = 4096
 
 
-@pytest.mark.parametrize("level,linear", [("light", "torch"), ("full", "torch"), ("full", "triton")])
+@pytest.mark.parametrize("level,linear", [("light", "torch"), ("light", "triton"), ("full", "torch"),
+                                          ("full", "triton")])
 def test_compiled_graph_path_is_lossless_and_replays(level, linear):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     target, draft, prompts = small_cuda_models(VOCAB)  # fresh: compiles work in place
     new = 80
-    stock = speculative_generate(target, None, prompts, max_new_tokens=new, graphs=False)
+    stock = speculative_generate(target, None, prompts, max_new_tokens=new, graphs=False, compile_level=None,
+                                 linear_impl="torch")  # the stock modules: each test compiles its own level
     with sync_check():
         ar = speculative_generate(target, None, prompts, max_new_tokens=new, compile_level=level, linear_impl=linear)
     assert [s.tolist() for s in ar.sequences] == [s.tolist() for s in stock.sequences]

@@ -10,10 +10,11 @@ sharpened head so logits are peaked and near-ties occur.
 
 Every test runs for each way exact mode keeps rows independent: "invariant" (the batch-invariant
 kernels, each block at its own width with the attention's query tile fixed by `exact_block_size`,
-the graph path where the proposer allows it), then "rows" (row-by-row eager forwards, every block
-padded to `exact_block_size`). In the invariant mode the AR arm runs one token wide and the
-speculative arms N + 1 wide, so spec == AR also shows that a token's bits do not depend on the
-width of the block it is verified in.
+the graph path where the proposer allows it, at the default compile level: the norms and MLPs
+compiled at "light" around the invariant operators), then "rows" (row-by-row eager forwards, every
+block padded to `exact_block_size`; the model's compiled modules run their stock code). In the
+invariant mode the AR arm runs one token wide and the speculative arms N + 1 wide, so spec == AR
+also shows that a token's bits do not depend on the width of the block it is verified in.
 
 Run on the device:  python -m pytest -m gpu tests/gpu/test_exact_mode.py -s
 With DFLASH2_GPU_OUT=DIR it writes DIR/exact_mode.json (departures, acceptance, wall times of

@@ -126,24 +126,26 @@ class EvalConfig:
         exact: run the engine's exact mode (greedy speculative output equal to AR bit for bit,
             also in bf16); every departure from AR then fails the run. null (default) = auto:
             on for a greedy run on CUDA whose exact mode runs the batch-invariant kernels
-            (`exact_impl` resolves to invariant, `compile_level` null), off otherwise (sampled
-            runs, CPU, a compile level); true = on (the invariant kernels on CUDA, rows
+            (`exact_impl` resolves to invariant, `compile_level` auto, light or null), off
+            otherwise (sampled runs, CPU, `compile_level=full`); true = on (the invariant kernels on CUDA, rows
             elsewhere: `exact_impl`); false = off. Checked and resolved by the engine's resolver
             (`dflash2.engine.inputs.resolve_exact`; `runner.resolve_exact` adds the auto rule),
             once per run, and recorded in each record (the summary reads it from them).
         exact_impl: auto | rows | invariant: how exact mode keeps a row independent of its
             batch (`speculative_generate`'s `exact_impl`; auto = invariant on CUDA where its
             kernels fit, rows elsewhere; invariant = batched, graph-replayed, invariant kernels).
-        compile_level: null | light | full: the engine's regional torch.compile of target and
-            draft modules on CUDA (`dflash2.engine.compiled`; faster steps, a compile per shape
-            class first; in bf16 greedy outputs may differ from an uncompiled run at near-ties,
-            so it is part of the run's identity). Not with `exact`.
+        compile_level: auto | null | light | full: the engine's regional torch.compile of target
+            and draft modules (`speculative_generate`'s `compile_level`, `dflash2.engine.compiled`;
+            auto = light on CUDA, in exact mode too with the invariant kernels, off on CPU and with
+            `exact_impl=rows`; faster steps, a compile per shape class first; in bf16 greedy
+            outputs may differ from an uncompiled run at near-ties, so it is part of the run's
+            identity). `exact=true` takes auto, light or null.
         attention_impl: auto | torch | triton: the target attention's kernel
             (`dflash2.kernels.row_attention`; auto = Triton on CUDA, the SDPA reference on CPU).
             Part of the run's identity for the same reason; exact mode keeps its own kernel.
-        linear_impl: torch | triton | auto: the target's and the draft's linear layers at decode
+        linear_impl: auto | torch | triton: the target's and the draft's linear layers at decode
             and verify sizes (`speculative_generate`'s `linear_impl`: `F.linear`, or the small-M
-            weight-streaming kernel; auto = Triton on CUDA, torch on CPU). Part of the run's identity;
+            weight-streaming kernel; auto, the default, = Triton on CUDA, torch on CPU). Part of the run's identity;
             exact mode picks its own kernels (the invariant small-M linear), so triton is refused
             with `exact=true` and not passed when exact mode resolves on. The summary's `engine`
             records, per arm, the settings each arm's calls resolved to.
@@ -180,9 +182,9 @@ class EvalConfig:
     batch_size: int = 1
     exact: bool | None = None
     exact_impl: str = "auto"
-    compile_level: str | None = None
+    compile_level: str | None = "auto"
     attention_impl: str = "auto"
-    linear_impl: str = "torch"
+    linear_impl: str = "auto"
     kernel_impl: str = "auto"
     graphs: bool | None = None
     compute_logprob: bool = True
@@ -232,15 +234,15 @@ def validate(cfg: Any) -> None:
     _validate_tree_budgets(arms)
     from dflash2.engine.compiled import COMPILE_LEVELS
 
-    level = getattr(cfg, "compile_level", None)
-    if level is not None and level not in COMPILE_LEVELS:
-        raise ValueError(f"compile_level={level!r}: use null (off), light or full")
+    level = getattr(cfg, "compile_level", "auto")
+    if level is not None and level not in ("auto", *COMPILE_LEVELS):
+        raise ValueError(f"compile_level={level!r}: use auto (the default), null (off), light or full")
     import torch
 
     from dflash2.kernels.dispatch import IMPLS, resolve_impl
     from dflash2.runconfig import resolve_device
 
-    linear = getattr(cfg, "linear_impl", "torch")
+    linear = getattr(cfg, "linear_impl", "auto")
     if linear == "triton" and cfg.exact:
         raise ValueError("linear_impl=triton with exact=true: exact mode picks its own (invariant) linear kernel; "
                          "drop one of the two")

@@ -108,16 +108,16 @@ def exact_width(arms, draft) -> int:
 def resolve_exact(cfg, target, width: int) -> tuple[bool, str | None]:
     """`(exact, exact_impl)` of a run: `cfg.exact` if true or false; null (auto) = on for a greedy
     run on a CUDA target whose exact mode resolves to the batch-invariant kernels (`exact_impl`
-    auto or invariant, no `compile_level`); `exact_impl` as the engine's resolver
+    auto or invariant, `compile_level` auto, light or null); `exact_impl` as the engine's resolver
     (`dflash2.engine.inputs.resolve_exact_impl`) resolves it for the run's `width` (None when
     exact mode is off). The run passes these values to every `speculative_generate` call and
     records them in every record; nothing re-resolves them."""
     from dflash2.engine.inputs import resolve_exact_impl
 
     impl = getattr(cfg, "exact_impl", "auto")
-    level = getattr(cfg, "compile_level", None)
+    level = getattr(cfg, "compile_level", "auto")
     if cfg.exact is None:
-        cheap = (float(cfg.temperature) == 0.0 and target.device.type == "cuda" and level is None
+        cheap = (float(cfg.temperature) == 0.0 and target.device.type == "cuda" and level != "full"
                  and impl != "rows" and resolve_exact_impl("auto", False, target, width) == "invariant")
         return (True, "invariant") if cheap else (False, None)
     if not cfg.exact:
@@ -408,14 +408,14 @@ class EvalRunner:
                               seeds=seeds, arms_cfg=cfg.arms)
         kw = ({"exact": True, "exact_block_size": self.exact_width, "exact_impl": self.exact_impl}
               if self.exact else {})
-        level = getattr(cfg, "compile_level", None)
-        if level is not None and self.target.device.type == "cuda":  # the CPU runs the stock modules
+        level = getattr(cfg, "compile_level", "auto")
+        if self.target.device.type == "cuda":  # the CPU runs the stock modules ("auto" resolves so there)
             kw["compile_level"] = level
         attention = getattr(cfg, "attention_impl", "auto")
         if attention != "auto":
             kw["attention_impl"] = attention
         if not self.exact:  # exact mode picks its own linear kernel
-            kw["linear_impl"] = getattr(cfg, "linear_impl", "torch")
+            kw["linear_impl"] = getattr(cfg, "linear_impl", "auto")
         if getattr(cfg, "graphs", None) is not None:
             kw["graphs"] = bool(cfg.graphs)
         kw["impl"] = self.impl

@@ -305,10 +305,11 @@ class FusedLinears:
                 torch.cat([lin.bias.detach() for lin in self._linears], out=self.bias)
 
 
-def fusable_groups(model: torch.nn.Module, *, kv_pairs: bool = False) -> list[FusedLinears]:
+def fusable_groups(model: torch.nn.Module, *, kv_pairs: bool = False, mlp: bool = True) -> list[FusedLinears]:
     """One `FusedLinears` per module of `model` with `q_proj`, `k_proj` and `v_proj` linears, and
-    one per module with `gate_proj` and `up_proj` linears, that can fuse (stock attention and MLP
-    modules: both call their members in that order on one input), in module order; with
+    (with `mlp`) one per module with `gate_proj` and `up_proj` linears, that can fuse (stock
+    attention and MLP modules: both call their members in that order on one input), in module
+    order; with
     `kv_pairs`, also one of each attention's `k_proj` and `v_proj` alone (for an attention that
     projects a second input to keys and values only, as the DFlash2 draft's context: its k/v run
     as one launch when k is called first with an input the q/k/v group did not take). The
@@ -319,9 +320,9 @@ def fusable_groups(model: torch.nn.Module, *, kv_pairs: bool = False) -> list[Fu
         lins = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj")]
         if all(isinstance(lin, torch.nn.Linear) for lin in lins):
             candidates += [lins, lins[1:]] if kv_pairs else [lins]
-        mlp = [getattr(module, name, None) for name in ("gate_proj", "up_proj")]
-        if all(isinstance(lin, torch.nn.Linear) for lin in mlp):
-            candidates.append(mlp)
+        pair = [getattr(module, name, None) for name in ("gate_proj", "up_proj")]
+        if mlp and all(isinstance(lin, torch.nn.Linear) for lin in pair):
+            candidates.append(pair)
         for members in candidates:
             try:
                 groups.append(FusedLinears(members))
