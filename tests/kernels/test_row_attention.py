@@ -243,10 +243,33 @@ def test_tile_queries_makes_a_query_independent_of_the_block_width(triton_device
     block = _each_query_alone_equals_the_block(q, k, v, pos, 8, split_keys=64)
     ref = row_attention_reference(q, k, v, pos)
     assert (block - ref).abs().max() < 1e-5
-    with pytest.raises(ValueError, match="tile_queries=2: must hold the block's 4 queries"):
-        row_attention(q, k, v, pos, impl="triton", split_keys=64, tile_queries=2)
-    with pytest.raises(ValueError, match=f"tile_queries={MAX_TILE_ROWS + 1}"):
+    with pytest.raises(ValueError, match=f"tile_queries={MAX_TILE_ROWS + 1}: must be 1..{MAX_TILE_ROWS}"):
         row_attention(q, k, v, pos, impl="triton", split_keys=64, tile_queries=MAX_TILE_ROWS + 1)
+    with pytest.raises(ValueError, match="tile_queries=0"):
+        row_attention(q, k, v, pos, impl="triton", split_keys=64, tile_queries=0)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_query_tiles_run_a_prompt_with_each_querys_decode_bits(window, triton_device):
+    """A prompt longer than the tile (and than `MAX_TILE_ROWS`) runs in query tiles: causal
+    positions 0..q-1 over their own keys, the reference's result, each query the bits it gets
+    alone as a one-token decode at its position, and each row the bits it gets without the
+    batch's other rows and over a longer K/V buffer."""
+    b, nh, nkv, nq, hd = 2, 6, 2, MAX_TILE_ROWS + 9, 16
+    q, k, v, _ = _case(b, nh, nkv, nq, hd, 160, nq, triton_device)
+    pos = torch.arange(nq, device=triton_device)[None].expand(b, nq)
+    kw = dict(impl="triton", split_keys=64, tile_queries=8, window=window)
+    prompt = row_attention(q, k, v, pos, **kw)
+    ref = row_attention_reference(q, k, v, pos, window)
+    assert (prompt - ref).abs().max() < 1e-5
+    for i in (0, 7, 8, 41, nq - 1):  # tile edges and the last, partial tile
+        one = row_attention(q[:, :, i:i + 1], k, v, pos[:, i:i + 1], **kw)
+        assert torch.equal(one[:, 0], prompt[:, i]), f"query {i}"
+    alone = row_attention(q[1:], k[1:], v[1:], pos[1:], **kw)
+    assert torch.equal(alone, prompt[1:])
+    tail = torch.randn(b, nkv, 50, hd, device=triton_device)  # slots past every position: never visible
+    longer = row_attention(q, torch.cat([k, tail], 2), torch.cat([v, tail], 2), pos, **kw)
+    assert torch.equal(longer, prompt)
 
 
 @pytest.mark.gpu
@@ -278,6 +301,25 @@ def test_head_groups_bitwise_at_the_qwen25_small_layout(cuda_device):
         assert torch.equal(one, block[r:r + 1]), f"row {r}"
     ref = row_attention_reference(q.float(), k.float(), v.float(), pos)
     assert (block.float() - ref).abs().max() < 2e-2
+
+
+@pytest.mark.gpu
+def test_query_tiles_bitwise_at_the_qwen25_small_layout(cuda_device):
+    """Qwen2.5-0.5B attention in bf16, a 300-token prompt prefilled in exact mode's 16-query tiles
+    (splits of 256 keys, head groups of 4 + 3): sampled queries give the bits of the same token
+    decoded alone, each row its bits without the others, and the result stays near the reference."""
+    b, nh, nkv, nq, hd = 4, 14, 2, 300, 64
+    q, k, v, _ = _case(b, nh, nkv, nq, hd, nq, nq, cuda_device, torch.bfloat16)
+    pos = torch.arange(nq, device=cuda_device)[None].expand(b, nq)
+    kw = dict(impl="triton", split_keys=256, tile_queries=16)
+    prompt = row_attention(q, k, v, pos, **kw)
+    for i in (0, 15, 16, 255, 256, nq - 1):
+        one = row_attention(q[:, :, i:i + 1], k, v, pos[:, i:i + 1], **kw)
+        assert torch.equal(one[:, 0], prompt[:, i]), f"query {i}"
+    for r in range(b):
+        assert torch.equal(row_attention(q[r:r + 1], k[r:r + 1], v[r:r + 1], pos[r:r + 1], **kw), prompt[r:r + 1])
+    ref = row_attention_reference(q.float(), k.float(), v.float(), pos)
+    assert (prompt.float() - ref).abs().max() < 2e-2
 
 
 def test_limits_and_dispatch(triton_device):

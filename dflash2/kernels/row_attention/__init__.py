@@ -89,13 +89,15 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
     if hd < 16 or hd & (hd - 1):
         raise ValueError(f"head_dim {hd}: the Triton kernel needs a power of two >= 16; use impl='torch'")
     g = nh // nkv
-    if q > MAX_TILE_ROWS:
-        raise ValueError(f"{q} queries > {MAX_TILE_ROWS} tile rows: the Triton kernel is for decode / verify "
-                         "blocks; use impl='torch' for prompts")
-    if tile_queries is not None and not q <= tile_queries <= MAX_TILE_ROWS:
-        raise ValueError(f"tile_queries={tile_queries}: must hold the block's {q} queries and fit one query head "
-                         f"in {MAX_TILE_ROWS} tile rows")
+    if tile_queries is None and q > MAX_TILE_ROWS:
+        raise ValueError(f"{q} queries > {MAX_TILE_ROWS} tile rows: without tile_queries the Triton kernel is for "
+                         "decode / verify blocks; use impl='torch' or a query tile for prompts")
+    if tile_queries is not None and not 1 <= tile_queries <= MAX_TILE_ROWS:
+        raise ValueError(f"tile_queries={tile_queries}: must be 1..{MAX_TILE_ROWS} (one query head of a tile "
+                         f"in {MAX_TILE_ROWS} tile rows)")
     tile = q if tile_queries is None else tile_queries
+    # A block that fits the tile is one tile of q queries; a longer one (a prompt) runs in tiles of `tile`.
+    q_tile, n_tiles = (q, 1) if q <= tile else (tile, -(-q // tile))
     gc = head_group(nh, nkv, tile)
     nch = -(-g // gc)
     m = max(16, _next_pow2(gc * tile))
@@ -117,21 +119,22 @@ def _row_attention_triton(query, key, value, positions, window, scale, splits=No
         chunk = -(-chunk // block_n) * block_n
     splits = max(1, -(-kv // chunk))
     dev = query.device
-    acc = torch.empty(b * nkv * nch * splits * m, hd, dtype=torch.float32, device=dev)
-    mx = torch.empty(b * nkv * nch * splits * m, dtype=torch.float32, device=dev)
+    acc = torch.empty(b * n_tiles * nkv * nch * splits * m, hd, dtype=torch.float32, device=dev)
+    mx = torch.empty(b * n_tiles * nkv * nch * splits * m, dtype=torch.float32, device=dev)
     sm = torch.empty_like(mx)
     out = torch.empty(b, q, nh, hd, dtype=query.dtype, device=dev)
-    common = dict(NKV=nkv, G=g, GC=gc, NCH=nch, Q=q, HD=hd, M=m, SPLITS=splits)
-    _tk._row_attn_split_kernel[(b * nkv * nch, splits)](
-        query, key, value, pos, acc, mx, sm, kv, chunk, float(scale if scale is not None else hd ** -0.5),
+    common = dict(NKV=nkv, G=g, GC=gc, NCH=nch, Q=q_tile, HD=hd, M=m, SPLITS=splits)
+    programs = b * n_tiles * nkv * nch
+    _tk._row_attn_split_kernel[(programs, splits)](
+        query, key, value, pos, acc, mx, sm, kv, chunk, float(scale if scale is not None else hd ** -0.5), q, n_tiles,
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), pos.stride(0) if pos.shape[0] > 1 else 0, pos.stride(1),
         BLOCK_N=block_n, WINDOW=int(window or 0), IEEE=query.dtype == torch.float32, num_warps=num_warps, **common)
     merge_r, merge_d = min(merge_block[0], m), min(merge_block[1], hd)
     if merge_r <= 0 or merge_d <= 0 or merge_r & (merge_r - 1) or merge_d & (merge_d - 1):
         raise ValueError(f"merge_block={merge_block}: both must be positive powers of two")
-    _tk._row_attn_merge_kernel[(b * nkv * nch, m // merge_r, hd // merge_d)](
-        acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2),
+    _tk._row_attn_merge_kernel[(programs, m // merge_r, hd // merge_d)](
+        acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2), q, n_tiles,
         FIXED_SPLITS=split_keys is not None, MERGE_R=merge_r, MERGE_D=merge_d, UNROLL=bool(merge_unroll),
         num_warps=4, **common)
     return out
@@ -160,12 +163,14 @@ def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p
             the other rows, and not on the slots past its last position (nor on `kv`, so a longer
             buffer gives the same bits). The torch path takes no splits: it checks the value and
             ignores it (SDPA promises no such invariance).
-        tile_queries: None (default): the query tile holds the block's `q` queries. An int >= q
-            (at most `MAX_TILE_ROWS`): the tile holds that many query slots whatever
-            `q` is, the rest masked, so with `split_keys` a query's output also does not depend on
-            `q` or on its slot in the block (each tile row runs the same products in the same
-            order): a one-token decode gives the bits of the same token verified in a block of up
-            to `tile_queries`. Triton path only; the torch path ignores it.
+        tile_queries: None (default): the query tile holds the block's `q` queries (at most
+            `MAX_TILE_ROWS` of them). An int (1 to `MAX_TILE_ROWS`): the tile holds that many
+            query slots whatever `q` is, the rest masked, and a block of more queries (a prompt)
+            runs in `ceil(q / tile_queries)` such tiles, one program row each; so with `split_keys`
+            a query's output also does not depend on `q` or on its slot in the block (each tile row
+            runs the same products in the same order): a one-token decode gives the bits of the
+            same token verified in a block of up to `tile_queries`, or prefilled in a prompt of any
+            length. Triton path only; the torch path ignores it.
     A K/V head's query heads share one tile while (nh / nkv) x tile fits `MAX_TILE_ROWS` rows; past
     that they are split over programs, `head_group(nh, nkv, tile)` heads each. Which program and
     tile row a query head gets depends only on nh, nkv and the tile, so the guarantees above hold

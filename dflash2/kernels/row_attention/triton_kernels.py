@@ -1,9 +1,11 @@
 # Per-row masked GQA attention over a static K/V cache, split over the keys (two launches).
 #
-# Stage 1, one program per (row b, K/V head h, head group c, key split s): the GC query heads of
+# Stage 1, one program per (row b, query tile t, K/V head h, head group c, key split s): the GC query heads of
 # group c (heads c * GC .. c * GC + GC - 1 of the G = nh / nkv that share K/V head h; NCH = ceil(G
 # / GC) groups, one when the whole group fits the tile) and the Q queries of the block form GC * Q
 # tile rows of M (row r = local head g * Q + query i), so every key block is read once per group.
+# A row's Q_TOTAL queries run in N_TILES tiles of Q (query t * Q + i; one tile, Q = Q_TOTAL, for a
+# decode / verify block); each tile runs the same ops whichever tile it is.
 # The keys of split s are walked in BLOCK_N blocks with an online softmax (running max m, sum l,
 # fp32 accumulator); key j is visible to tile row r iff j <= pos[b, i] (and j > pos[b, i] - WINDOW
 # with a window), and blocks past the largest position of the row are skipped. The split's (m, l,
@@ -28,19 +30,20 @@ import triton.language as tl
 @triton.jit
 def _row_attn_split_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, m_ptr, l_ptr,
-    kv_len, chunk, scale,
+    kv_len, chunk, scale, q_total, n_tiles,
     s_qb, s_qh, s_qi, s_kb, s_kh, s_kj, s_vb, s_vh, s_vj, s_pb, s_pi,
     NKV: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, NCH: tl.constexpr, Q: tl.constexpr, HD: tl.constexpr,
     M: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     s = tl.program_id(1)
-    b = pid // (NKV * NCH)
+    vb = pid // (NKV * NCH)  # (row, query tile)
+    b = vb // n_tiles
     h = (pid // NCH) % NKV
     r = tl.arange(0, M)
     g = (pid % NCH) * GC + r // Q  # the query head within K/V head h's group
-    i = r % Q
-    row_ok = (r < GC * Q) & (g < G)
+    i = (vb % n_tiles) * Q + r % Q  # the query within the row
+    row_ok = (r < GC * Q) & (g < G) & (i < q_total)
     d = tl.arange(0, HD)
     pos = tl.load(pos_ptr + b * s_pb + i * s_pi, mask=row_ok, other=-1)  # [M] int64
     qt = tl.load(q_ptr + b * s_qb + (h * G + g)[:, None] * s_qh + i[:, None] * s_qi + d[None, :],
@@ -102,13 +105,14 @@ def _merge_one_split(acc_ptr, m_ptr, l_ptr, base, r, d, ref, l_all, acc,
 @triton.jit
 def _row_attn_merge_kernel(
     acc_ptr, m_ptr, l_ptr, out_ptr,
-    s_ob, s_oi, s_oh,
+    s_ob, s_oi, s_oh, q_total, n_tiles,
     NKV: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, NCH: tl.constexpr, Q: tl.constexpr, HD: tl.constexpr,
     M: tl.constexpr, SPLITS: tl.constexpr, FIXED_SPLITS: tl.constexpr, MERGE_R: tl.constexpr,
     MERGE_D: tl.constexpr, UNROLL: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    b = pid // (NKV * NCH)
+    vb = pid // (NKV * NCH)
+    b = vb // n_tiles
     h = (pid // NCH) % NKV
     r = tl.program_id(1) * MERGE_R + tl.arange(0, MERGE_R)
     d = tl.program_id(2) * MERGE_D + tl.arange(0, MERGE_D)
@@ -131,7 +135,7 @@ def _row_attn_merge_kernel(
                                           HD, FIXED_SPLITS)
     out = acc / tl.where(l_all > 0, l_all, 1.0)[:, None]  # a row with no visible key gives 0
     g = (pid % NCH) * GC + r // Q
-    i = r % Q
-    row_ok = (r < GC * Q) & (g < G)
+    i = (vb % n_tiles) * Q + r % Q
+    row_ok = (r < GC * Q) & (g < G) & (i < q_total)
     tl.store(out_ptr + b * s_ob + i[:, None] * s_oi + (h * G + g)[:, None] * s_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
