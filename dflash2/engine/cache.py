@@ -59,8 +59,7 @@ class _RowState:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] committed K/V per row
         self.positions: torch.Tensor | None = None  # [B, q] write slots of the current forward
         self.kv_len = max_len  # slots handed to attention: buffer[..., :kv_len]
-        self.row: int | None = None  # set: the forward runs row `row` alone (a [1, ...] view of the buffers)
-        self.rows: int | None = None  # set: the forward runs rows 0..rows-1 (a [rows, ...] view of the buffers)
+        self.span: tuple[int, int] | None = None  # set: the forward runs rows start..stop-1 (a view of the buffers)
 
 
 class RowStaticLayer(CacheLayerMixin):
@@ -98,13 +97,9 @@ class RowStaticLayer(CacheLayerMixin):
                 f"forward's keys {tuple(key_states.shape)} before running the model"
             )
         b, nkv, q, _ = key_states.shape
-        row, rows = self.state.row, self.state.rows
-        if row is not None:
-            keys, values = self.keys[row:row + 1], self.values[row:row + 1]
-        elif rows is not None:
-            keys, values = self.keys[:rows], self.values[:rows]
-        else:
-            keys, values = self.keys, self.values
+        span = self.state.span
+        keys, values = (self.keys, self.values) if span is None else (self.keys[span[0]:span[1]],
+                                                                      self.values[span[0]:span[1]])
         idx = pos[:, None, :, None].expand(b, nkv, q, keys.shape[-1])  # [B, nkv, q, hd]
         keys.scatter_(2, idx, key_states.to(self.dtype))
         idx_v = pos[:, None, :, None].expand(b, nkv, q, values.shape[-1])
@@ -173,24 +168,28 @@ class StaticTargetCache(Cache):
         return self.state.max_len
 
     def prepare(self, positions: torch.Tensor, kv_len: int | None = None, row: int | None = None,
-                rows: int | None = None) -> None:
+                rows: int | None = None, start: int = 0) -> None:
         """Set the write slots `positions [B, q]` of the next forward.
 
         `kv_len` (host int, default `S_max`) bounds the key slots handed to attention; it must
         exceed every position written or read. A fixed `S_max` keeps shapes static (graph
         capture); a tighter bound is cheaper in eager mode. `row`: the next forward is row `row`
         alone (`positions [1, q]`); it reads and writes only that row's buffers, with exactly
-        the shapes of a batch of one (exact mode). `rows`: the next forward is rows 0..rows-1
-        (`positions [rows, q]`; the graph path's batch buckets prefill only the real rows).
+        the shapes of a batch of one (exact mode). `rows`: the next forward is rows
+        `start..start+rows-1` (`positions [rows, q]`; the graph path's batch buckets prefill only
+        the real rows, exact mode's prefill a group of rows at a time).
         """
         n = self.state.lengths.numel()
         if row is not None and not 0 <= row < n:
             raise ValueError(f"row={row} is outside the cache's {n} rows")
-        if rows is not None and (row is not None or not 0 < rows <= n):
-            raise ValueError(f"rows={rows}: must be in 1..{n} and not combined with row")
+        if rows is not None and (row is not None or not 0 < rows or not 0 <= start <= n - rows):
+            raise ValueError(f"rows={rows} from row {start}: must lie in the cache's {n} rows, not combined with "
+                             "row")
+        if start and rows is None:
+            raise ValueError("start needs rows")
         self.state.positions = positions
         self.state.kv_len = self.state.max_len if kv_len is None else min(int(kv_len), self.state.max_len)
-        self.state.row, self.state.rows = row, rows
+        self.state.span = (row, row + 1) if row is not None else (None if rows is None else (start, start + rows))
 
     def attention_kwargs(self, kernel: str, exact: bool = False, split_keys: int | None = None,
                          tile_queries: int | None = None) -> dict:
@@ -201,14 +200,14 @@ class StaticTargetCache(Cache):
         for every layer of the forward. `split_keys`: the Triton kernel with key splits of that
         many slots at fixed absolute boundaries (invariant exact mode), whatever `kernel` says;
         the forward's shapes must fit it; `tile_queries` then fixes its query tile (a block of any
-        width up to it gives each query the same bits, `dflash2.kernels.row_attention`)."""
+        width gives each query the same bits, a prompt included: `dflash2.kernels.row_attention`)."""
         pos = self.state.positions
         if pos is None:
             raise RuntimeError("StaticTargetCache.prepare(positions) must come before attention_kwargs")
         b, q = pos.shape
-        if split_keys is not None:
+        if split_keys is not None:  # a block longer than the tile (a prompt) runs in query tiles
             tile = q if tile_queries is None else int(tile_queries)
-            if q > tile or not kernel_fits(*self.heads[:2], tile, self.heads[2], head_groups=True):
+            if not kernel_fits(*self.heads[:2], tile, self.heads[2], head_groups=True):
                 raise ValueError(f"split_keys needs the Triton row-attention kernel, which does not take "
                                  f"{self.heads[0]}/{self.heads[1]} heads x {q} queries (tile {tile}) x head_dim "
                                  f"{self.heads[2]}")

@@ -237,11 +237,37 @@ def test_cache_prepare_rows_checks():
     cache = StaticTargetCache(cfg, 4, 16, torch.float32, "cpu")
     pos = torch.arange(3)[None].expand(2, 3)
     cache.prepare(pos, rows=2)
-    assert cache.state.rows == 2 and cache.state.row is None
+    assert cache.state.span == (0, 2)
+    cache.prepare(pos, rows=2, start=2)
+    assert cache.state.span == (2, 4)
+    cache.prepare(pos[:1], row=3)
+    assert cache.state.span == (3, 4)
+    cache.prepare(pos)
+    assert cache.state.span is None
     with pytest.raises(ValueError, match="rows=5"):
         cache.prepare(pos, rows=5)
+    with pytest.raises(ValueError, match="rows=2 from row 3"):
+        cache.prepare(pos, rows=2, start=3)
+    with pytest.raises(ValueError, match="start needs rows"):
+        cache.prepare(pos, start=1)
     with pytest.raises(ValueError, match="not combined with row"):
         cache.prepare(pos[:1], row=1, rows=2)
+
+
+def test_a_row_span_writes_only_its_rows():
+    """A forward prepared for rows 2..3 scatters its K/V into those rows' buffers alone."""
+    from tests.conftest import tiny_qwen3 as tq
+
+    cfg = tq(vocab=VOCAB, hidden=64, layers=2, seed=0).config
+    cache = StaticTargetCache(cfg, 4, 16, torch.float32, "cpu")
+    layer = cache.layers[0]
+    nkv, hd = cache.heads[1], cache.heads[2]
+    layer.lazy_initialization(torch.zeros(4, nkv, 1, hd), torch.zeros(4, nkv, 1, hd))
+    cache.prepare(torch.arange(3)[None].expand(2, 3), kv_len=3, rows=2, start=2)
+    k, v = torch.randn(2, nkv, 3, hd), torch.randn(2, nkv, 3, hd)
+    keys, values = layer.update(k, v)
+    assert torch.equal(keys, k) and torch.equal(values, v)
+    assert torch.equal(layer.keys[2:, :, :3], k) and not layer.keys[:2].any() and not layer.values[:2].any()
 
 
 def test_a_state_that_does_not_fit_frees_the_idle_kept_ones_and_retries_once(models, fake_graphs, monkeypatch):
