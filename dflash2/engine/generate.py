@@ -60,7 +60,7 @@ from dflash2.engine.kept import free_idle_states, keep_state, kept_state, state_
 from dflash2.engine.reports import ACC, ACTIVE, BAD, DONE, END, NEW, VLEN
 from dflash2.engine.sampling import invalid_rows, row_seeds
 from dflash2.engine.settings import EngineSettings
-from dflash2.engine.state import LEN_BUCKET, DecodeState, batch_bucket, prefill_rows, round_up
+from dflash2.engine.state import LEN_BUCKET, DecodeState, batch_bucket, prefill_invariant, prefill_rows, round_up
 from dflash2.engine.stats import StepTimes, summarize
 from dflash2.engine.verify import target_draw
 from dflash2.target import TargetModel
@@ -348,8 +348,12 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
             pos = prompt_pos.expand(bsz, p_max)
             if exact:
                 with eager_forward(state.engine.compile_level is not None):  # prompt shapes: no compile
-                    first_logits, prefill_features = prefill_rows(tgt, rows, cache, layer_ids, p_max,
-                                                                  state.engine.attention_impl)
+                    if state.engine.invariant_exact:  # all rows at once, each with its own bits
+                        first_logits, prefill_features = prefill_invariant(
+                            tgt, state.tokens[:bsz], plen_host, cache, layer_ids, p_max, state.engine.exact_block_size)
+                    else:
+                        first_logits, prefill_features = prefill_rows(tgt, rows, cache, layer_ids, p_max,
+                                                                      state.engine.attention_impl)
             else:
                 # ---- prefill of the real rows: prompts right-padded (loaded into `tokens`, zeros past
                 # each prompt); padding sits at slots the rows overwrite later.

@@ -85,21 +85,20 @@ def test_the_invariant_kernels_run_batched(target, monkeypatch):
         spec = _run(target, _oracle(ar), FIVE, max_new_tokens=3, num_speculative_tokens=W - 1)
     finally:
         hook.remove()
-    prefill = [(1, p.numel()) for p in FIVE]
-    assert ar_forwards[:b] == prefill and seen["forwards"][:b] == prefill  # the prompt row by row, as in rows mode
+    prefill = (b, max(p.numel() for p in FIVE))
+    assert ar_forwards[0] == prefill and seen["forwards"][0] == prefill  # every prompt in one forward
     # Then one batched forward per step at the block's own width: 1 for AR, N + 1 for the verify.
-    assert set(ar_forwards[b:]) == {(b, 1)} and set(seen["forwards"][b:]) == {(b, W)}
+    assert set(ar_forwards[1:]) == {(b, 1)} and set(seen["forwards"][1:]) == {(b, W)}
     assert b * W > 32 and b * W in seen["linear_rows"]  # past one row tile of the small-M kernel
     attn0 = target.model.model.layers[0].self_attn
     # each attention's q/k/v as one launch over their concatenated weights, as in normal mode
     assert attn0.o_proj.weight.data_ptr() in seen["linear_w"]
     assert not {lin.weight.data_ptr() for lin in (attn0.q_proj, attn0.k_proj, attn0.v_proj)} & seen["linear_w"]
     assert seen["means"] > 0
-    layers = target.config.num_hidden_layers
-    prefill_calls = [c for c in seen["splits"] if c[0] == "torch"]
-    assert len(prefill_calls) == 2 * b * layers  # the prompts (SDPA with a mask), row by row, in both calls
-    # Every step: fixed key splits and a query tile fixed by exact_block_size, whatever the width.
-    assert {c for c in seen["splits"] if c[0] != "torch"} == {("triton", EXACT_SPLIT_KEYS, W)}
+    assert b * prefill[1] in seen["linear_rows"]  # the prefill's linears through the small-M kernel too
+    # The prefill and every step: fixed key splits and a query tile fixed by exact_block_size,
+    # whatever the width (the prompts run in tiles of it).
+    assert set(seen["splits"]) == {("triton", EXACT_SPLIT_KEYS, W)}
     assert all(len(g) == 3 for g in ar.generated) and all(len(g) == 3 for g in spec.generated)
 
 
@@ -114,6 +113,56 @@ def test_speculative_equals_ar_and_rows_equal_alone(target):
         assert sum(map(sum, spec.accepted)) / steps >= 1.0  # it really accepts
         for a, s in zip(ar.sequences, spec.sequences):
             assert torch.equal(a, s), f"N={n}"
+
+
+def test_the_prefill_gives_each_row_its_own_bits_in_any_group(target, monkeypatch):
+    """The invariant prefill: rows prefilled together, in groups of any size (a token budget that
+    splits them), or alone give the same first logits, features and outputs bit for bit; features
+    past a row's end are zero; a prompt longer than the query tile runs in tiles."""
+    from dflash2.engine import state as state_mod
+    from dflash2.engine.state import prefill_groups
+
+    assert prefill_groups([8, 6, 11, 5], budget=24) == [(0, 2), (2, 4)]  # 2 x 8 fits; 3 x 11 does not
+    assert prefill_groups([30, 4], budget=16) == [(0, 1), (1, 2)]  # a prompt over the budget alone
+    assert prefill_groups([], budget=16) == []
+    assert prefill_groups([4] * 5, budget=100, max_rows=2) == [(0, 2), (2, 4), (4, 5)]
+    rows = PROMPTS + [torch.arange(1, 2 * W + 4)]  # 19 tokens: three query tiles of W
+    captured = []
+    real = state_mod.prefill_invariant
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        captured.append(out)
+        return out
+
+    monkeypatch.setattr("dflash2.engine.generate.prefill_invariant", spy)
+
+    def run(prompts, refs):
+        oracle = _oracle(refs)
+        oracle.target_layer_ids = [0, 1]  # the prefill then returns the target's features
+        out = speculative_generate(target, oracle, prompts, max_new_tokens=4, exact=True, exact_block_size=W,
+                                   exact_impl="invariant", num_speculative_tokens=3)
+        return out, captured[-1]
+
+    ar = speculative_generate(target, None, rows, max_new_tokens=4, exact=True, exact_block_size=W,
+                              exact_impl="invariant")
+    together, (logits, feats) = run(rows, ar)
+    assert feats is not None and feats.shape[:2] == (len(rows), max(p.numel() for p in rows))
+    monkeypatch.setattr(state_mod, "PREFILL_TOKENS", 20)  # groups of rows
+    assert len(prefill_groups([p.numel() for p in rows], 20)) > 1
+    grouped, (g_logits, g_feats) = run(rows, ar)
+    assert torch.equal(g_logits, logits) and torch.equal(g_feats, feats)
+    assert [s.tolist() for s in grouped.sequences] == [s.tolist() for s in together.sequences]
+    for i, p in enumerate(rows):
+        ar_one = speculative_generate(target, None, [p], max_new_tokens=4, exact=True, exact_block_size=W,
+                                      exact_impl="invariant")
+        one, (o_logits, o_feats) = run([p], ar_one)
+        n = p.numel()
+        assert torch.equal(o_logits[0], logits[i]), f"row {i}: first logits"
+        assert torch.equal(o_feats[0, :n], feats[i, :n]), f"row {i}: features"
+        assert not feats[i, n:].any()
+        assert torch.equal(one.sequences[0], together.sequences[i]), f"row {i}: output"
+        assert torch.equal(one.sequences[0], ar.sequences[i])
 
 
 def test_the_graph_path_equals_the_eager_loop(target, fake_graphs):  # noqa: F811
