@@ -10,10 +10,13 @@ random DFlash2 draft (selector rank 64): AR and N = 7 at T = 0 in exact mode
 = 1 on the normal engine. The draft has the shape's layer count (two at the 0.5B shape). Prompts
 are B random token rows of 100-399 tokens (one fixed draw); `--new-tokens` tokens each. Each arm
 runs one untimed call (graph capture, kernel selection) and then one timed whole call, the device
-synchronized before and after it; ms/step = wall / steps of the longest row. The random draft
-accepts almost nothing, so steps ~= new tokens for every arm and the figure is the cost of one step
-at that batch. Rows: `B, arm, wall_s, steps, ms_step, peak_gib` (`torch.cuda.max_memory_allocated`
-since the process started, so it never decreases). The exact arms need CUDA (or
+synchronized before and after it; ms/step = wall / steps of the longest row; `prefill_s` is the
+call's prefill (`SpeculativeOutput.times.prefill`: the prompts' forwards up to the first token,
+which ends on a host read of the first logits), and `ms_decode` = (wall - prefill) / steps, the
+steps alone. The random draft accepts almost nothing, so steps ~= new tokens for every arm and
+`ms_decode` is the cost of one step at that batch. Rows: `B, arm, wall_s, prefill_s, steps,
+ms_step, ms_decode, peak_gib` (`torch.cuda.max_memory_allocated` since the process started, so
+it never decreases). The exact arms need CUDA (or
 `TRITON_INTERPRET=1` on a CPU, for tests); without either they report the engine's refusal as their
 `error`.
 """
@@ -78,9 +81,11 @@ def measure(target, draft, batch: int, new_tokens: int, device: torch.device) ->
             sync()
             wall = time.perf_counter() - t0
             steps = max(len(a) for a in out.accepted)
+            prefill = min(out.times.prefill, wall)
             peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-            rows.append(dict(B=batch, arm=name, wall_s=round(wall, 3), steps=steps,
-                             ms_step=round(1000 * wall / steps, 2), peak_gib=None if peak is None else round(peak, 1)))
+            rows.append(dict(B=batch, arm=name, wall_s=round(wall, 3), prefill_s=round(prefill, 3), steps=steps,
+                             ms_step=round(1000 * wall / steps, 2), ms_decode=round(1000 * (wall - prefill) / steps, 2),
+                             peak_gib=None if peak is None else round(peak, 1)))
         except Exception as e:  # noqa: BLE001  (a refused or failed arm is a row, not the end of the run)
             rows.append(dict(B=batch, arm=name, error=f"{type(e).__name__}: {e}"[:300]))
         print(json.dumps(rows[-1]), flush=True)
@@ -88,19 +93,27 @@ def measure(target, draft, batch: int, new_tokens: int, device: torch.device) ->
 
 
 def markdown(rows: list[dict], title: str) -> str:
-    """The rows as a table, with exact / normal per batch (the same N and T = 0 vs T = 1)."""
+    """The rows as a table, with exact / normal per batch (the same N and T = 0 vs T = 1), for the
+    whole call per step and for the steps alone."""
     by = {(r["B"], r["arm"]): r for r in rows}
-    lines = [title, "", "| batch | arm | ms/step | steps | peak GiB |", "|---|---|---|---|---|"]
+    lines = [title, "", "| batch | arm | ms/step, whole call | prefill s | ms/step, steps alone | steps | peak GiB |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        cell = f"{r['ms_step']:.2f}" if "ms_step" in r else f"error: {r['error']}"
-        lines.append(f"| {r['B']} | {r['arm']} | {cell} | {r.get('steps', '-')} | {r.get('peak_gib', '-')} |")
-    lines += ["", "| batch | exact / normal, AR | exact / normal, N = 7 |", "|---|---|---|"]
+        if "ms_step" in r:
+            cells = f"{r['ms_step']:.2f} | {r['prefill_s']:.3f} | {r['ms_decode']:.2f}"
+        else:
+            cells = f"error: {r['error']} | - | -"
+        lines.append(f"| {r['B']} | {r['arm']} | {cells} | {r.get('steps', '-')} | {r.get('peak_gib', '-')} |")
+    lines += ["", "| batch | exact / normal, AR | exact / normal, N = 7 | steps alone: AR | steps alone: N = 7 |",
+              "|---|---|---|---|---|"]
     for b in sorted({r["B"] for r in rows}):
         ratio = []
-        for e, o in (("ar_exact", "ar_t1"), ("n7_exact", "n7_t1")):
-            x, y = by.get((b, e), {}), by.get((b, o), {})
-            ratio.append(f"{x['ms_step'] / y['ms_step']:.1f}x" if "ms_step" in x and "ms_step" in y else "-")
-        lines.append(f"| {b} | {ratio[0]} | {ratio[1]} |")
+        for key in ("ms_step", "ms_decode"):
+            for e, o in (("ar_exact", "ar_t1"), ("n7_exact", "n7_t1")):
+                x, y = by.get((b, e), {}), by.get((b, o), {})
+                ok = key in x and key in y and y[key] > 0
+                ratio.append(f"{x[key] / y[key]:.1f}x" if ok else "-")
+        lines.append(f"| {b} | " + " | ".join(ratio) + " |")
     return "\n".join(lines) + "\n"
 
 

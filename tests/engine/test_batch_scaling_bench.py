@@ -15,14 +15,17 @@ def test_rows_and_tables(tmp_path, monkeypatch, capsys):
         if "error" in r:   # only an exact arm may be refused (no CUDA and no interpreter)
             assert r["arm"].endswith("_exact") and "exact_impl" in r["error"] and "ms_step" not in r
         else:   # timed: a whole call's wall over the longest row's steps (3 new tokens: 2 steps)
-            assert r["steps"] == 2 and r["wall_s"] > 0
+            assert r["steps"] == 2 and r["wall_s"] > 0 and 0 < r["prefill_s"] <= r["wall_s"]
             assert abs(r["ms_step"] - 1000 * r["wall_s"] / 2) < 1   # wall_s is rounded to 1 ms
+            assert abs(r["ms_decode"] - 1000 * (r["wall_s"] - r["prefill_s"]) / 2) < 1
     md = (tmp_path / "batch_scaling.md").read_text()
     starts = [line.split(" |")[0] for line in md.splitlines()]
     assert starts.count("| 2") == 5   # 4 arm rows + the ratio row
     timed = {(r["B"], r["arm"]): r for r in rows if "ms_step" in r}
     if (2, "ar_exact") in timed:
         assert f"| 2 | {timed[2, 'ar_exact']['ms_step'] / timed[2, 'ar_t1']['ms_step']:.1f}x |" in md
+        alone = timed[2, 'n7_exact']['ms_decode'] / timed[2, 'n7_t1']['ms_decode']
+        assert md.splitlines()[-1].endswith(f" | {alone:.1f}x |")
 
 
 def test_bad_input_one_line(capsys):
