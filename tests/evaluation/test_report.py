@@ -65,7 +65,8 @@ def test_end_to_end_line_per_arm_and_table(run, tmp_path):
     recs, s = run
     ids = {"gsm8k/0000", "gsm8k/0001", "gsm8k/0002"}
     timed = ArmTiming(samples=3, chunks=3, tokens=120, total_s=0.100, generation_s=0.072, score_s=0.009,
-                      analysis_s=0.001, sample_ids=set(ids))
+                      analysis_s=0.001, sample_ids=set(ids), prefill_s=0.012, steps=120, eager_steps=3,
+                      graph_captures=1)
     # The speculative arm timed the same samples: its own 0.045 s of work against the baseline's 0.090
     # (its scoring of a cached result would be cheap; scoring is not part of either figure).
     fast = ArmTiming(samples=3, chunks=3, tokens=120, total_s=0.0456, generation_s=0.036, score_s=0.0003,
@@ -77,6 +78,9 @@ def test_end_to_end_line_per_arm_and_table(run, tmp_path):
     assert (e["ms_per_token"], e["generation_ms_per_token"], e["ms_per_sample"]) == pytest.approx((0.75, 0.6, 30.0))
     assert (e["host_fraction"], e["score_ms_per_sample"]) == pytest.approx((0.2, 3.0))
     assert (e["speedup_end_to_end"], e["generation_speedup"]) == pytest.approx((1.0, 1.0))
+    # generation = prefill + decode: 12 ms of prefills over 3 calls, the other 60 ms over 120 steps
+    assert (e["prefill_ms_per_call"], e["decode_ms_per_step"]) == pytest.approx((4.0, 0.5))
+    assert (e["eager_steps_per_call"], e["graph_captures"]) == pytest.approx((1.0, 1))
     f = e2e["per_arm"]["dflash2@N=5"]
     assert (f["speedup_end_to_end"], f["generation_speedup"]) == pytest.approx((2.0, 2.0))
     untimed = e2e["per_arm"]["dflash2@N=3"]
@@ -87,15 +91,16 @@ def test_end_to_end_line_per_arm_and_table(run, tmp_path):
         print_summary(summary, file=buf)
         lines = buf.getvalue().splitlines()
         ar = next(ln for ln in lines if ln.startswith("  ar "))
-        assert ("0.750 ms/token end to end (generation 0.600, host 20%), 30.00 ms/sample, scoring 3.00 ms/sample "
-                "apart, 3 samples") in ar
+        assert ("0.750 ms/token end to end (generation 0.600: prefill 4.0 ms/call, decode 0.500 ms/step; host 20%), "
+                "30.00 ms/sample, scoring 3.00 ms/sample apart, 3 samples") in ar
         n5 = next(ln for ln in lines if ln.startswith("  dflash2@N=5 "))
         assert "15.00 ms/sample, speedup 2.000 end to end (2.000 generation), scoring 0.10 ms/sample apart" in n5
         assert any(ln.startswith("  dflash2@N=3 ") and "- ms/token end to end (0 samples timed)" in ln for ln in lines)
         assert any("scoring and the analysis forwards apart" in ln for ln in lines)
         page = write_report(tmp_path, recs, summary).read_text()
         assert "End to end per arm (this process" in page and "6 samples timed" in page
-        cells = ["ar", "3", "120", "0.100", "0.750", "0.600", "30.00", "20.0", "1.000", "1.000", "3.00", "1.0"]
+        cells = ["ar", "3", "120", "0.100", "0.750", "0.600", "30.00", "20.0", "1.000", "1.000", "4.00", "0.500",
+                 "1.00", "1", "3.00", "1.0"]
         assert "".join(f"<td>{c}</td>" for c in cells) in page
         assert "<td>dflash2@N=5</td><td>3</td><td>120</td><td>0.046</td><td>0.375</td>" in page
         assert "<td>dflash2@N=3</td><td>0</td><td>0</td><td>0.000</td><td>-</td>" in page

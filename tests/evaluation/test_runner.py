@@ -274,12 +274,20 @@ def test_end_to_end_time_covers_the_records_this_process_generated(tmp_path, cap
         assert e["ms_per_token"] == pytest.approx(1e3 * e["serve_s"] / e["tokens"])
         assert e["ms_per_token"] >= e["generation_ms_per_token"] > 0 and 0 <= e["host_fraction"] <= 1
         assert e["ms_per_sample"] == pytest.approx(1e3 * e["serve_s"] / 4)
+        # Generation = the calls' prefills + their steps (a row's steps, plus at most one lookahead step
+        # per call); on the CPU every step is eager and nothing is captured.
+        assert 0 < e["prefill_s"] < e["generation_s"]
+        assert e["prefill_ms_per_call"] == pytest.approx(1e3 * e["prefill_s"] / 4)
+        assert sum(r.steps for r in mine) <= e["steps"] <= sum(r.steps for r in mine) + 4
+        assert e["decode_ms_per_step"] == pytest.approx(1e3 * (e["generation_s"] - e["prefill_s"]) / e["steps"])
+        assert e["eager_steps_per_call"] == pytest.approx(e["steps"] / 4) and e["graph_captures"] == 0
         # Every record was generated here, so the generation speedup is the summary's headline one.
         base = e2e["per_arm"][e2e["baseline"]]
         assert e["generation_speedup"] == pytest.approx(summary["per_arm"][arm]["overall"]["speedup"], rel=1e-9)
         assert e["speedup_end_to_end"] == pytest.approx(base["serve_s"] / e["serve_s"], rel=1e-9)
         line = next(ln for ln in printed.splitlines() if ln.startswith(f"  {arm} "))
         assert f"{e['ms_per_token']:.3f} ms/token end to end" in line and "4 samples" in line
+        assert f"decode {e['decode_ms_per_step']:.3f} ms/step" in line
         assert (f"speedup {e['speedup_end_to_end']:.3f} end to end" in line) == (arm != e2e["baseline"])
     assert "End to end per arm" in (out / "report.html").read_text()
     # What every arm ran under, as the engine resolved it (the CPU: reference kernels, no graphs).

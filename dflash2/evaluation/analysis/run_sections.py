@@ -15,7 +15,8 @@ from dflash2.evaluation.analysis.formatting import fmt_number as _num
 from dflash2.evaluation.analysis.formatting import fmt_share as _pct
 
 E2E_COLUMNS = ["arm", "samples timed", "tokens", "total s", "ms/token end to end", "ms/token generation",
-               "ms/sample", "host %", "speedup end to end", "speedup generation", "score ms/sample", "analysis %"]
+               "ms/sample", "host %", "speedup end to end", "speedup generation", "prefill ms/call", "decode ms/step",
+               "eager steps/call", "graph captures", "score ms/sample", "analysis %"]
 # What "end to end" covers, for the terminal and the report's headings (`running.timing`).
 E2E_SCOPE = ("each arm's own work: tokenize + generate + decode + write; scoring and the analysis forwards apart; "
              "speedups over the baseline arm on the same timed samples")
@@ -33,7 +34,14 @@ def end_to_end_rows(summary: dict) -> list[list[str]]:
     return [[arm, str(e.get("samples", 0)), str(e.get("tokens", 0)), _num(e.get("total_s"), 3),
              _num(e.get("ms_per_token"), 3), _num(e.get("generation_ms_per_token"), 3), _num(e.get("ms_per_sample"), 2),
              _pct(e.get("host_fraction")), _num(e.get("speedup_end_to_end"), 3), _num(e.get("generation_speedup"), 3),
+             _num(e.get("prefill_ms_per_call"), 2), _num(e.get("decode_ms_per_step"), 3),
+             _num(e.get("eager_steps_per_call"), 2), _count(e.get("graph_captures")),
              _num(e.get("score_ms_per_sample"), 2), _pct(e.get("analysis_fraction"))] for arm, e in per_arm.items()]
+
+
+def _count(v) -> str:
+    """An integer count, "-" where a summary written before the field existed has none."""
+    return "-" if v is None else str(int(v))
 
 
 def end_to_end_lines(summary: dict) -> list[str]:
@@ -50,8 +58,10 @@ def end_to_end_lines(summary: dict) -> list[str]:
             continue
         speedup = "" if arm == e2e.get("baseline") else _speedup_words(e)
         lines.append(f"  {arm:<{width}}  {_num(e.get('ms_per_token'), 3)} ms/token end to end (generation "
-                     f"{_num(e.get('generation_ms_per_token'), 3)}, host {_pct(e.get('host_fraction'), 0)}%), "
-                     f"{_num(e.get('ms_per_sample'), 2)} ms/sample{speedup}, scoring "
+                     f"{_num(e.get('generation_ms_per_token'), 3)}: prefill {_num(e.get('prefill_ms_per_call'), 1)} "
+                     f"ms/call, decode {_num(e.get('decode_ms_per_step'), 3)} ms/step; host "
+                     f"{_pct(e.get('host_fraction'), 0)}%), {_num(e.get('ms_per_sample'), 2)} ms/sample{speedup}, "
+                     f"scoring "
                      f"{_num(e.get('score_ms_per_sample'), 2)} ms/sample apart, {n} samples, "
                      f"{e.get('tokens', 0)} tokens timed")
     return lines

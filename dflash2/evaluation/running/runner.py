@@ -461,7 +461,7 @@ class EvalRunner:
                 tree_budget=arm.tree_budget, verify_lengths=list(map(int, out.verify_lengths[b])),
                 verify_rows=arm.verify_rows(out.verify_lengths[b]), **compared, **extra, **fields))
         if timing is not None:
-            timing.generation_s += wall
+            timing.add_call(wall, out.times)
             timing.score_s += score_s
             timing.analysis_s += analysis_s
         return recs

@@ -12,6 +12,12 @@ appended and fsynced, with the same clock as `Record.wall_s` (CUDA synchronised)
     serve_s       total_s - score_s - analysis_s: the arm's own work, what serving it costs
                   (tokenize + generate + decode + write)
     host_s        serve_s - generation_s: tokenize, decode, write
+    prefill_s     the calls' prefills (`StepTimes.prefill`: the prompts' forwards up to the first
+                  token, ending on a host read), inside generation_s
+    steps         decoding steps the calls ran (a lookahead step on finished rows included);
+                  decode ms/step = (generation_s - prefill_s) / steps
+    eager_steps   of those, the steps not replayed from a CUDA graph (a graph bucket's warm-up,
+                  a capture, the eager loop's every step); graph_captures: graphs captured
 
 End to end means `serve_s`: scoring and the analysis forwards are costs of measuring, shown apart.
 The HumanEval sandbox result is cached per (problem, completion), so an arm whose completion
@@ -39,9 +45,10 @@ from dataclasses import dataclass, field
 MEASURES = ("per (arm, chunk) generated in this process: from before its prompts are built (tokenization) "
             "to after its last record is appended and fsynced; end to end = the arm's own work (serve = "
             "total - score - analysis: tokenize + generate + decode + write), generation = the generate call "
-            "(prefill + decode), host = serve - generation; scoring and the logprob/departure target forwards "
-            "are shown apart; speedups are baseline seconds / arm seconds over the same timed samples; "
-            "resumed records are not timed")
+            "(prefill + decode), host = serve - generation; prefill = the calls' prompt forwards, decode ms/step = "
+            "(generation - prefill) / steps run, eager steps = steps not replayed from a CUDA graph; scoring and "
+            "the logprob/departure target forwards are shown apart; speedups are baseline seconds / arm seconds "
+            "over the same timed samples; resumed records are not timed")
 
 
 @dataclass
@@ -57,6 +64,9 @@ class ArmTiming:
         score_s: seconds in the scorers (part of the host side).
         analysis_s: seconds in the evaluation's extra target forwards (logprob, departure).
         sample_ids: the timed records' sample ids (which samples two arms' speedups compare).
+        prefill_s: seconds of the calls' prefills (part of generation_s).
+        steps: decoding steps the calls ran; eager_steps: those not replayed from a CUDA graph.
+        graph_captures: CUDA graphs the calls captured.
     """
 
     samples: int = 0
@@ -67,6 +77,10 @@ class ArmTiming:
     score_s: float = 0.0
     analysis_s: float = 0.0
     sample_ids: set = field(default_factory=set)
+    prefill_s: float = 0.0
+    steps: int = 0
+    eager_steps: int = 0
+    graph_captures: int = 0
 
     @property
     def serve_s(self) -> float:
@@ -80,6 +94,16 @@ class ArmTiming:
         self.tokens += sum(len(r.tokens) for r in records)
         self.total_s += float(total_s)
         self.sample_ids.update(r.sample_id for r in records)
+
+    def add_call(self, wall_s: float, times) -> None:
+        """Count one generation call of `wall_s` seconds and its `StepTimes` (`times`): its
+        prefill, the steps it ran, how many of them were not graph replays, its captures."""
+        self.generation_s += float(wall_s)
+        self.prefill_s += float(times.prefill)
+        steps = len(times.verify)
+        self.steps += steps
+        self.eager_steps += steps - int(times.graph_replays)
+        self.graph_captures += int(times.graph_captures)
 
 
 def _ratio(num: float, den: float, scale: float = 1.0) -> float:
@@ -107,7 +131,9 @@ def summarize_end_to_end(timings: Mapping[str, ArmTiming], rank: int = 0, world_
          arms, "per_arm": {arm: {samples, chunks, tokens, total_s, generation_s, score_s, analysis_s,
          serve_s, host_s, ms_per_token (serve_s per token: end to end), generation_ms_per_token,
          ms_per_sample (serve_s per sample), score_ms_per_sample, host_fraction (of serve_s),
-         analysis_fraction (of total_s), speedup_end_to_end, generation_speedup}}}; a rate, fraction
+         analysis_fraction (of total_s), speedup_end_to_end, generation_speedup, prefill_s,
+         prefill_ms_per_call, steps, decode_ms_per_step ((generation_s - prefill_s) per step),
+         eager_steps_per_call, graph_captures}}}; a rate, fraction
          or speedup is NaN where its denominator is 0 or (speedups) the arm and the baseline timed
          different samples.
     """
@@ -126,6 +152,9 @@ def summarize_end_to_end(timings: Mapping[str, ArmTiming], rank: int = 0, world_
             "score_ms_per_sample": _ratio(t.score_s, t.samples, 1e3),
             "host_fraction": _ratio(host, serve), "analysis_fraction": _ratio(t.analysis_s, t.total_s),
             "speedup_end_to_end": e2e_speedup, "generation_speedup": generation_speedup,
+            "prefill_s": t.prefill_s, "prefill_ms_per_call": _ratio(t.prefill_s, t.chunks, 1e3), "steps": t.steps,
+            "decode_ms_per_step": _ratio(t.generation_s - t.prefill_s, t.steps, 1e3),
+            "eager_steps_per_call": _ratio(t.eager_steps, t.chunks), "graph_captures": t.graph_captures,
         }
     return {"measures": MEASURES, "rank": int(rank), "world_size": int(world_size), "baseline": baseline,
             "samples": sum(t.samples for t in timings.values()), "per_arm": per_arm}
