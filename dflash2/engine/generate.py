@@ -68,6 +68,13 @@ from dflash2.target import TargetModel
 EXACT_KV_BUCKET = 1024  # exact mode: K/V slots per row rounded up to a multiple of this
 KV_BUCKET = 128  # normal mode on CUDA: attention's K/V length rounded up to a multiple of this
 CPU_KV_BUCKET = 0  # the same on CPU (0 = exact lengths; tests set it to exercise the bucketed path)
+# Normal mode on CUDA: the prefill forward's length, rounded up to a multiple of this. The prompts'
+# SDPA (cuDNN on Hopper) builds a plan per new shape, ~50 ms each for a 135M target on an H100:
+# without the bucket every call with a prompt length not seen before pays it (docs/PERFORMANCE.md,
+# "Prefill shapes"). The padded slots hold token 0 at positions past each prompt, which no prompt
+# token attends to, and the row overwrites them before it reads them.
+PREFILL_BUCKET = 64
+CPU_PREFILL_BUCKET = 0  # the same on CPU (0 = exact lengths; tests set it to exercise the padded prefill)
 
 
 @dataclass
@@ -110,6 +117,15 @@ class SpeculativeOutput:
         """tau (pooled and per-request mean, both including the bonus), per-position
         acceptance and accepted-length histogram; see `dflash2.engine.stats`."""
         return summarize(self.accepted, self.num_speculative_tokens)
+
+
+def prefill_length(p_max: int, max_new_tokens: int, max_len: int, bucket: int) -> int:
+    """The normal-mode prefill forward's length for prompts of at most `p_max` tokens: `p_max`
+    rounded up to a multiple of `bucket` (0: `p_max`), within the slots a row of the call may write
+    (`p_max + max_new_tokens`, and the state's `max_len`)."""
+    if bucket <= 0:
+        return p_max
+    return max(p_max, min(round_up(p_max, bucket), p_max + max_new_tokens, max_len))
 
 
 def _stop_tensor(stop_token_ids: list[int] | None, device) -> torch.Tensor | None:
@@ -345,7 +361,6 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
             state.load(rows, temperature, row_seeds(checked.seed, bsz, device), max_new_tokens, stops)
             plens = state.plens[:bsz]
             prompt_pos = torch.arange(p_max, device=device)[None]
-            pos = prompt_pos.expand(bsz, p_max)
             if exact:
                 with eager_forward(state.engine.compile_level is not None):  # prompt shapes: no compile
                     if state.engine.invariant_exact:  # all rows at once, each with its own bits
@@ -357,14 +372,17 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
             else:
                 # ---- prefill of the real rows: prompts right-padded (loaded into `tokens`, zeros past
                 # each prompt); padding sits at slots the rows overwrite later.
-                ids = state.tokens[:bsz, :p_max]
+                p_in = prefill_length(p_max, max_new_tokens, state.max_len,
+                                      PREFILL_BUCKET if device.type == "cuda" else CPU_PREFILL_BUCKET)
+                ids = state.tokens[:bsz, :p_in]
+                pos_in = torch.arange(p_in, device=device)[None].expand(bsz, p_in)
                 keep, where_kept = torch.unique(plens - 1, return_inverse=True)
-                cache.prepare(pos, kv_len=p_max, rows=bsz if batch > bsz else None)
+                cache.prepare(pos_in, kv_len=p_in, rows=bsz if batch > bsz else None)
                 with eager_forward(state.engine.compile_level is not None):  # no compile for one prompt-length forward
-                    out = tgt(ids, position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=keep,
-                              **cache.attention_kwargs(state.engine.attention_impl))
+                    out = tgt(ids, position_ids=pos_in, past_key_values=cache, layer_ids=layer_ids,
+                              logits_to_keep=keep, **cache.attention_kwargs(state.engine.attention_impl))
                 first_logits = out.logits[torch.arange(bsz, device=device), where_kept][:, None]  # [B, 1, V]
-                prefill_features = out.features
+                prefill_features = None if out.features is None else out.features[:, :p_max]
             _check_valid(invalid_rows(first_logits).tolist(), "target logits", 0)
             first = target_draw(state.target_probs_input(first_logits), state.temps[:bsz], state.seeds[:bsz],
                                 plens[:, None], state.engine.kernel_impl)[:, 0]

@@ -142,3 +142,43 @@ def test_bucketed_kv_length_changes_no_token(monkeypatch):
     for a, b in zip(plain.sequences, bucketed.sequences):
         assert torch.equal(a, b)
     assert plain.accepted == bucketed.accepted
+
+
+def test_prefill_length_rounds_within_the_rows_slots():
+    from dflash2.engine.generate import prefill_length
+
+    assert prefill_length(150, 256, 512, 64) == 192
+    assert prefill_length(192, 256, 512, 64) == 192       # already a multiple
+    assert prefill_length(150, 4, 512, 64) == 154         # never past the slots a row may write
+    assert prefill_length(150, 256, 160, 64) == 160       # nor past the state's slots
+    assert prefill_length(150, 256, 512, 0) == 150        # 0: exact lengths
+
+
+def test_padded_prefill_changes_no_token(monkeypatch):
+    """Normal mode pads the prefill forward to a bucket of lengths on CUDA (one attention plan per
+    bucket, not per prompt length); the padded slots must change nothing. Forced on CPU here
+    (fp64): the prefill really runs padded, and AR and speculative tokens equal the unpadded run's."""
+    import dflash2.engine.generate as gen
+    from dflash2.engine.cache import StaticTargetCache
+
+    target = qwen3_target()
+    rows = [prompts()[i] for i in (0, 3, 5)]
+    draft = random_draft(block_size=BLOCK)
+    plain_ar = speculative_generate(target, None, rows, max_new_tokens=10)
+    plain = speculative_generate(target, draft, rows, max_new_tokens=10, num_speculative_tokens=4)
+    monkeypatch.setattr(gen, "CPU_PREFILL_BUCKET", 16)
+    widths = []
+    prepare = StaticTargetCache.prepare
+
+    def spy(self, positions, kv_len=None, row=None, rows=None, start=0):
+        widths.append(positions.shape[1])
+        return prepare(self, positions, kv_len, row, rows, start)
+
+    monkeypatch.setattr(StaticTargetCache, "prepare", spy)
+    padded_ar = speculative_generate(target, None, rows, max_new_tokens=10)
+    padded = speculative_generate(target, draft, rows, max_new_tokens=10, num_speculative_tokens=4)
+    p_max = max(len(r) for r in rows)
+    assert p_max % 16 and widths.count(gen.round_up(p_max, 16)) == 2  # each call's prefill ran padded
+    for a, b in zip(plain_ar.sequences + plain.sequences, padded_ar.sequences + padded.sequences):
+        assert torch.equal(a, b)
+    assert plain.accepted == padded.accepted
