@@ -122,10 +122,10 @@ class SpeculativeOutput:
 def prefill_length(p_max: int, max_new_tokens: int, max_len: int, bucket: int) -> int:
     """The normal-mode prefill forward's length for prompts of at most `p_max` tokens: `p_max`
     rounded up to a multiple of `bucket` (0: `p_max`), within the slots a row of the call may write
-    (`p_max + max_new_tokens`, and the state's `max_len`)."""
+    (`p_max + max_new_tokens`, and the state's `max_len`, which holds both)."""
     if bucket <= 0:
         return p_max
-    return max(p_max, min(round_up(p_max, bucket), p_max + max_new_tokens, max_len))
+    return min(round_up(p_max, bucket), p_max + max_new_tokens, max_len)
 
 
 def _stop_tensor(stop_token_ids: list[int] | None, device) -> torch.Tensor | None:
