@@ -62,3 +62,24 @@ def resolve_impl(impl: str, device: torch.device | str) -> str:
         "(or CPU tensors with TRITON_INTERPRET=1 set before dflash2.kernels is imported, for "
         "tests). Move the tensors to CUDA or use impl='auto' / impl='torch'."
     )
+
+
+def triton_binaries(per_kernel: bool = False) -> int | dict[str, int]:
+    """How many Triton binaries dflash2's kernels hold, over every device (0 without Triton or
+    under the interpreter, which compiles nothing); with `per_kernel`, {"module.kernel": count}.
+    A rise between two calls means the second one compiled; `python -m benchmarks.prompt_lengths`
+    and the GPU tests read it."""
+    import sys
+
+    counts: dict[str, int] = {}
+    if triton_available() and not triton_interpreter_enabled():
+        from triton.runtime.jit import JITFunction
+
+        for name, module in list(sys.modules.items()):
+            if not name.startswith("dflash2.kernels") or module is None:
+                continue
+            for attr, value in vars(module).items():
+                if isinstance(value, JITFunction):
+                    # device_caches: device -> (kernel cache, ...) in Triton 3.x
+                    counts[f"{name}.{attr}"] = sum(len(entry[0]) for entry in value.device_caches.values())
+    return counts if per_kernel else sum(counts.values())

@@ -78,7 +78,7 @@ def _norm_rope_token(
         tl.store(vo_base + HALF, tl.load(v_base + HALF, mask=ok, other=0.0).to(vout_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S", "L", "s_pb"])  # prompt / cache lengths: one binary for all
 def _norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, slot_ptr, v_ptr, vout_ptr,
     S, H, L, eps,
@@ -90,7 +90,7 @@ def _norm_rope_kernel(
                      s_vob, s_voh, s_vol, HALF, BLOCK_H, KIND, HAS_SLOTS, HAS_V)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_first", "S_K", "L_K", "s_kpb", "S_Q", "L_Q"])  # as above
 def _norm_rope_pair_kernel(
     n_first,
     # first: keys (and values) into a cache at slots; programs 0 .. n_first - 1

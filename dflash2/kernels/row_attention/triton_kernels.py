@@ -26,8 +26,15 @@
 import triton
 import triton.language as tl
 
+# Integer arguments that take a new value with each prompt or K/V length. Triton would otherwise compile a
+# binary per value class (== 1, divisible by 16) of each, so a prompt of a new length could pay a compile
+# mid-run; unspecialized, every length shares one binary per set of constexprs (the loads' tiles and order
+# do not depend on these values' divisibility, so neither do the results).
+PROMPT_DEPENDENT_SPLIT = ["kv_len", "chunk", "q_total", "n_tiles", "s_pb"]
+PROMPT_DEPENDENT_MERGE = ["q_total", "n_tiles"]
 
-@triton.jit
+
+@triton.jit(do_not_specialize=PROMPT_DEPENDENT_SPLIT)
 def _row_attn_split_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, m_ptr, l_ptr,
     kv_len, chunk, scale, q_total, n_tiles,
@@ -102,7 +109,7 @@ def _merge_one_split(acc_ptr, m_ptr, l_ptr, base, r, d, ref, l_all, acc,
     return l_all, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=PROMPT_DEPENDENT_MERGE)
 def _row_attn_merge_kernel(
     acc_ptr, m_ptr, l_ptr, out_ptr,
     s_ob, s_oi, s_oh, q_total, n_tiles,

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["kv_len"])  # one binary for every K/V length
 def _tree_mask_kernel(
     parent_ptr, ctx_ptr, out_ptr,
     n_nodes, kv_len,
