@@ -47,7 +47,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from dflash2.evaluation.analysis.formatting import (  # noqa: E402, F401  (the formatters are re-exported)
     drop_empty, fmt_ci, fmt_mcnemar_p, fmt_p, fmt_pct, fmt_tost_accuracy_p, fmt_value, md_table)
 from dflash2.evaluation.analysis.run_sections import (  # noqa: E402
-    E2E_COLUMNS, E2E_SCOPE, ENGINE_COLUMNS, e2e_where, end_to_end_lines, end_to_end_rows, engine_lines, engine_rows)
+    E2E_COLUMNS, E2E_SCOPE, ENGINE_COLUMNS, e2e_where, end_to_end_lines, end_to_end_rows, engine_lines, engine_rows,
+    warmup_note)
 from dflash2.evaluation.analysis.stats import arm_family  # noqa: E402
 
 COLUMNS = ["arm", "N", "n", "tau pooled [95% CI]", "tau per-request [95% CI]", "speedup [95% CI]", "tok/s",
@@ -448,7 +449,7 @@ def _sections(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     e2e = summary.get("end_to_end")
     if e2e and e2e.get("per_arm"):  # added by the runner too: this process's timed chunks
         out.append((f"End to end per arm ({e2e_where(e2e)}: {E2E_SCOPE}; "
-                    f"{e2e.get('samples', 0)} samples timed, resumed records not timed)", E2E_COLUMNS,
+                    f"{e2e.get('samples', 0)} samples timed, resumed records not timed{warmup_note(e2e)})", E2E_COLUMNS,
                     end_to_end_rows(summary)))
     if summary.get("engine"):  # added by the runner: what each arm's calls ran under
         out.append(("Engine settings per arm", ENGINE_COLUMNS, engine_rows(summary)))

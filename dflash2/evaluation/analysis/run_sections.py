@@ -28,6 +28,14 @@ def e2e_where(e2e: dict) -> str:
     return f"rank {e2e.get('rank', 0)} of {world}" if world > 1 else "this process"
 
 
+def warmup_note(e2e: dict) -> str:
+    """"; untimed warm-up: K calls, S s before" for the end-to-end heading ("" without one)."""
+    w = e2e.get("warmup") or {}
+    if not w.get("calls"):
+        return ""
+    return f"; untimed warm-up first: {w['calls']} calls, {float(w.get('seconds') or 0.0):.1f} s"
+
+
 def end_to_end_rows(summary: dict) -> list[list[str]]:
     """Formatted rows (see `E2E_COLUMNS`) of the summary's `end_to_end`, one per arm; [] without it."""
     per_arm = (summary.get("end_to_end") or {}).get("per_arm") or {}
@@ -49,7 +57,7 @@ def end_to_end_lines(summary: dict) -> list[str]:
     e2e = summary.get("end_to_end")
     if not e2e:
         return []
-    lines = [f"\nend to end ({e2e_where(e2e)}; {E2E_SCOPE}; resumed records not timed):"]
+    lines = [f"\nend to end ({e2e_where(e2e)}; {E2E_SCOPE}; resumed records not timed{warmup_note(e2e)}):"]
     width = max((len(a) for a in e2e.get("per_arm", {})), default=0)
     for arm, e in e2e.get("per_arm", {}).items():
         n = e.get("samples", 0)

@@ -1,6 +1,8 @@
 """The evaluation runner: arms interleaved per prompt, one JSONL record per (arm, sample).
 
+    per phase (turn 1, then MT-Bench turn 2): untimed warm-up calls (`warmup.Warmup`)
     for each chunk of samples (batch_size prompts; MT-Bench turn 2 after every turn 1):
+        untimed warm-up of a new prompt class, then
         AR arm first, then the other arms in an order rotated per chunk
         each arm: speculative_generate(...) -> one record per sample, appended and flushed
 
@@ -44,6 +46,7 @@ from dflash2.evaluation.running.sandbox import SandboxLimits, check_humaneval
 from dflash2.evaluation.running.scoring import gsm8k_correct, humaneval_completion, load_judge
 from dflash2.evaluation.running.sharding import SHARDS_DIR, Shard, existing_records, shard_file, shard_of
 from dflash2.evaluation.running.timing import ArmTiming, summarize_end_to_end
+from dflash2.evaluation.running.warmup import Warmup
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +170,7 @@ class EvalRunner:
         self._ar_top: dict[str, tuple[list, list]] = {}  # sample_id -> AR top-2 logits/ids per position
         self.timings = {a.label: ArmTiming() for a in self.arms}
         self.engine: dict[str, dict] = {}  # arm label -> the engine settings its calls resolved to
+        self.warmup: Warmup | None = None  # the untimed calls `run` made first (`warmup.Warmup`)
 
     # ------------------------------------------------------------------ setup
     def _load_draft(self):
@@ -281,7 +285,7 @@ class EvalRunner:
                             "verified; choose a new output_dir")
 
     def _write_run_json(self) -> None:
-        """Record the run identity, once the run's work has begun (after the warm-up): a run that
+        """Record the run identity, once the run's work has begun (after the first warm-up): a run that
         failed before leaves no `run.json`, so a corrected rerun may use the directory."""
         (self.out / RUN_JSON).write_text(json.dumps({"run_id": self.run_id, "experiment": self.cfg.experiment_name,
                                                      "prompt_format": self.fmt.to_dict(), "identity": self.identity},
@@ -331,15 +335,20 @@ class EvalRunner:
         first, second = self._samples()
         mine = {(a.label, it.sample_id(t)) for it, t in first + second for a in self.arms}
         total = len(mine)
-        self._warmup()
-        if sh.main:
-            self._write_run_json()
+        warm = self.warmup = Warmup(self._generate_untimed, self.arms, int(self.cfg.max_new_tokens),
+                                    n_stops=len(self.stops or ()), vocab=self.target.vocab_size, clock=self._clock)
         desc = "samples x arms" if sh.world == 1 else f"samples x arms (rank {sh.rank} of {sh.world})"
         bar = tqdm(total=total, initial=len(done & mine), desc=desc, unit="gen", disable=not sh.main)
         for p, phase in enumerate((first, second)):
             bs = int(self.cfg.batch_size)
+            pending = [(it, t) for it, t in phase if any((a.label, it.sample_id(t)) not in done for a in self.arms)]
+            warm.phase(bs, [self._prompt(it, t, ar_by_id) for it, t in pending])
+            if p == 0 and sh.main:
+                self._write_run_json()
             for c, start in enumerate(range(0, len(phase), bs)):
                 chunk = phase[start: start + bs]
+                todo = [(it, t) for it, t in chunk if any((a.label, it.sample_id(t)) not in done for a in self.arms)]
+                warm.chunk([self._prompt(it, t, ar_by_id) for it, t in todo], self.stops)
                 others = self.arms[1:]
                 k = c % len(others) if others else 0
                 for arm in [self.arms[0]] + others[k:] + others[:k]:
@@ -365,24 +374,36 @@ class EvalRunner:
         """summary.json's `end_to_end` for this process (`timing.summarize_end_to_end`)."""
         baseline = next((a.label for a in self.arms if a.spec.baseline), None)
         return summarize_end_to_end(self.timings, rank=self.shard.rank, world_size=self.shard.world,
-                                    baseline=baseline)
+                                    baseline=baseline, warmup=None if self.warmup is None else self.warmup.summary())
 
-    def _warmup(self) -> None:
-        """One short untimed generation per arm kind, so one-time setup (allocations, kernel
-        selection, lazy imports) is not charged to the first sample's first arm."""
+    def _generate_untimed(self, arm: Arm, prompts: list[list[int]], max_new_tokens: int,
+                          stops: list[int] | None) -> None:
+        """One warm-up call of `arm` (`warmup.Warmup`): the run's engine settings, no record."""
         from dflash2.engine import speculative_generate
 
-        prompt = self.tok("warm up", add_special_tokens=False)["input_ids"] or [0]
-        ar = speculative_generate(self.target, None, [prompt], max_new_tokens=4, temperature=self.cfg.temperature,
-                                  seed=0)
-        for arm in self.arms[1:]:
-            if arm.spec.needs_references:  # no AR tokens to read yet
-                continue
-            d = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl)
-            speculative_generate(self.target, d, [prompt], max_new_tokens=4,
-                                 num_speculative_tokens=arm.num_speculative_tokens,
-                                 temperature=self.cfg.temperature, seed=0, **arm.verify_kwargs)
-        del ar
+        d = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl)
+        speculative_generate(self.target, d, prompts, max_new_tokens=max_new_tokens,
+                             num_speculative_tokens=arm.num_speculative_tokens, temperature=self.cfg.temperature,
+                             top_p=self.cfg.top_p, top_k=self.cfg.top_k, seed=0, stop_token_ids=stops,
+                             **self._engine_kwargs(arm))
+
+    def _engine_kwargs(self, arm: Arm) -> dict:
+        """The `speculative_generate` settings every call of `arm` runs with (timed or warm-up)."""
+        cfg = self.cfg
+        kw = ({"exact": True, "exact_block_size": self.exact_width, "exact_impl": self.exact_impl}
+              if self.exact else {})
+        if self.target.device.type == "cuda":  # the CPU runs the stock modules ("auto" resolves so there)
+            kw["compile_level"] = getattr(cfg, "compile_level", "auto")
+        attention = getattr(cfg, "attention_impl", "auto")
+        if attention != "auto":
+            kw["attention_impl"] = attention
+        if not self.exact:  # exact mode picks its own linear kernel
+            kw["linear_impl"] = getattr(cfg, "linear_impl", "auto")
+        if getattr(cfg, "graphs", None) is not None:
+            kw["graphs"] = bool(cfg.graphs)
+        kw["impl"] = self.impl
+        kw.update(arm.verify_kwargs)  # its kind's verify policy (and tree budget); {} for the chain
+        return kw
 
     def _clock(self) -> float:
         if self.device.type == "cuda":
@@ -406,20 +427,7 @@ class EvalRunner:
             refs = [p + ar_by_id[s].tokens for p, s in zip(prompts, sids)]
         draft = draft_for_arm(arm, draft=self.draft, target=self.target, impl=self.impl, references=refs,
                               seeds=seeds, arms_cfg=cfg.arms)
-        kw = ({"exact": True, "exact_block_size": self.exact_width, "exact_impl": self.exact_impl}
-              if self.exact else {})
-        level = getattr(cfg, "compile_level", "auto")
-        if self.target.device.type == "cuda":  # the CPU runs the stock modules ("auto" resolves so there)
-            kw["compile_level"] = level
-        attention = getattr(cfg, "attention_impl", "auto")
-        if attention != "auto":
-            kw["attention_impl"] = attention
-        if not self.exact:  # exact mode picks its own linear kernel
-            kw["linear_impl"] = getattr(cfg, "linear_impl", "auto")
-        if getattr(cfg, "graphs", None) is not None:
-            kw["graphs"] = bool(cfg.graphs)
-        kw["impl"] = self.impl
-        kw.update(arm.verify_kwargs)  # its kind's verify policy (and tree budget); {} for the chain
+        kw = self._engine_kwargs(arm)
         t0 = self._clock()
         try:
             out = speculative_generate(
