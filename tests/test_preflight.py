@@ -151,15 +151,15 @@ def test_a_run_that_failed_after_it_started_can_be_rerun_or_resumed(workdir, tmp
                                                                      capsys):
     """A failure in the warm-up (after the target loaded and .hydra/ was written) leaves no
     run.json: a corrected rerun uses the directory without resume=true and records its own config."""
-    from dflash2.evaluation.running.runner import EvalRunner
+    from dflash2.evaluation.running.warmup import Warmup
 
     out = tmp_path / "run"
 
-    def broken(self):
+    def broken(self, rows, prompts):
         raise RuntimeError("the device went away")
 
     with monkeypatch.context() as m, pytest.raises(RuntimeError, match="the device went away"):  # a bug: raised
-        m.setattr(EvalRunner, "_warmup", broken)
+        m.setattr(Warmup, "phase", broken)
         _run(EVAL, "experiment=tiny_cpu", f"output_dir={out}", *FAST, "max_new_tokens=3", monkeypatch=monkeypatch,
              capsys=capsys)
     assert sorted(p.name for p in out.iterdir()) == [".hydra"]            # no run.json, no records
