@@ -60,7 +60,8 @@ from dflash2.engine.kept import free_idle_states, keep_state, kept_state, state_
 from dflash2.engine.reports import ACC, ACTIVE, BAD, DONE, END, NEW, VLEN
 from dflash2.engine.sampling import invalid_rows, row_seeds
 from dflash2.engine.settings import EngineSettings
-from dflash2.engine.state import LEN_BUCKET, DecodeState, batch_bucket, prefill_invariant, prefill_rows, round_up
+from dflash2.engine.prefill import prefill_rows, prefill_shape, round_up, run_prefill
+from dflash2.engine.state import LEN_BUCKET, DecodeState, batch_bucket
 from dflash2.engine.stats import StepTimes, summarize
 from dflash2.engine.verify import target_draw
 from dflash2.target import TargetModel
@@ -68,11 +69,10 @@ from dflash2.target import TargetModel
 EXACT_KV_BUCKET = 1024  # exact mode: K/V slots per row rounded up to a multiple of this
 KV_BUCKET = 128  # normal mode on CUDA: attention's K/V length rounded up to a multiple of this
 CPU_KV_BUCKET = 0  # the same on CPU (0 = exact lengths; tests set it to exercise the bucketed path)
-# Normal mode on CUDA: the prefill forward's length, rounded up to a multiple of this. The prompts'
-# SDPA (cuDNN on Hopper) builds a plan per new shape, ~50 ms each for a 135M target on an H100:
-# without the bucket every call with a prompt length not seen before pays it (docs/PERFORMANCE.md,
-# "Prefill shapes"). The padded slots hold token 0 at positions past each prompt, which no prompt
-# token attends to, and the row overwrites them before it reads them.
+# On CUDA: a batched prefill forward's length (each group's, in invariant exact mode), rounded up
+# to a multiple of this (`dflash2.engine.prefill.prefill_length`). The prompts' SDPA (cuDNN on
+# Hopper) builds a plan per new shape, ~50 ms each for a 135M target on an H100, and the graph
+# path captures a prefill graph per shape: with the bucket, each serves every prompt length of it.
 PREFILL_BUCKET = 64
 CPU_PREFILL_BUCKET = 0  # the same on CPU (0 = exact lengths; tests set it to exercise the padded prefill)
 
@@ -117,15 +117,6 @@ class SpeculativeOutput:
         """tau (pooled and per-request mean, both including the bonus), per-position
         acceptance and accepted-length histogram; see `dflash2.engine.stats`."""
         return summarize(self.accepted, self.num_speculative_tokens)
-
-
-def prefill_length(p_max: int, max_new_tokens: int, max_len: int, bucket: int) -> int:
-    """The normal-mode prefill forward's length for prompts of at most `p_max` tokens: `p_max`
-    rounded up to a multiple of `bucket` (0: `p_max`), within the slots a row of the call may write
-    (`p_max + max_new_tokens`, and the state's `max_len`, which holds both)."""
-    if bucket <= 0:
-        return p_max
-    return min(round_up(p_max, bucket), p_max + max_new_tokens, max_len)
 
 
 def _stop_tensor(stop_token_ids: list[int] | None, device) -> torch.Tensor | None:
@@ -361,28 +352,21 @@ def _decode(state: DecodeState, tgt: TargetModel, rows: list[torch.Tensor], chec
             state.load(rows, temperature, row_seeds(checked.seed, bsz, device), max_new_tokens, stops)
             plens = state.plens[:bsz]
             prompt_pos = torch.arange(p_max, device=device)[None]
-            if exact:
+            if exact and not state.engine.invariant_exact:  # "rows": each prompt alone, eager
                 with eager_forward(state.engine.compile_level is not None):  # prompt shapes: no compile
-                    if state.engine.invariant_exact:  # all rows at once, each with its own bits
-                        first_logits, prefill_features = prefill_invariant(
-                            tgt, state.tokens[:bsz], plen_host, cache, layer_ids, p_max, state.engine.exact_block_size)
-                    else:
-                        first_logits, prefill_features = prefill_rows(tgt, rows, cache, layer_ids, p_max,
-                                                                      state.engine.attention_impl)
+                    first_logits, prefill_features = prefill_rows(tgt, rows, cache, layer_ids, p_max,
+                                                                  state.engine.attention_impl)
             else:
-                # ---- prefill of the real rows: prompts right-padded (loaded into `tokens`, zeros past
-                # each prompt); padding sits at slots the rows overwrite later.
-                p_in = prefill_length(p_max, max_new_tokens, state.max_len,
-                                      PREFILL_BUCKET if device.type == "cuda" else CPU_PREFILL_BUCKET)
-                ids = state.tokens[:bsz, :p_in]
-                pos_in = torch.arange(p_in, device=device)[None].expand(bsz, p_in)
-                keep, where_kept = torch.unique(plens - 1, return_inverse=True)
-                cache.prepare(pos_in, kv_len=p_in, rows=bsz if batch > bsz else None)
-                with eager_forward(state.engine.compile_level is not None):  # no compile for one prompt-length forward
-                    out = tgt(ids, position_ids=pos_in, past_key_values=cache, layer_ids=layer_ids,
-                              logits_to_keep=keep, **cache.attention_kwargs(state.engine.attention_impl))
-                first_logits = out.logits[torch.arange(bsz, device=device), where_kept][:, None]  # [B, 1, V]
-                prefill_features = None if out.features is None else out.features[:, :p_max]
+                # Batched, prompts right-padded in `tokens` (zeros past each prompt; the padding sits at
+                # slots the rows overwrite later). Invariant exact mode runs under the step modes
+                # (`prefill_modes`): every row's bits are its prompt's alone. On the graph path one
+                # graph per prefill shape, replayed by later calls of that shape.
+                shape = prefill_shape(plen_host, max_len=state.max_len, invariant=state.engine.invariant_exact,
+                                      tile=state.engine.exact_block_size,
+                                      bucket=PREFILL_BUCKET if device.type == "cuda" else CPU_PREFILL_BUCKET)
+                with eager_forward(state.engine.compile_level is not None):  # prompt shapes: no compile
+                    first_logits, feats, times.prefill_graph = run_prefill(state, shape)
+                prefill_features = None if feats is None else feats[:, :p_max]
             _check_valid(invalid_rows(first_logits).tolist(), "target logits", 0)
             first = target_draw(state.target_probs_input(first_logits), state.temps[:bsz], state.seeds[:bsz],
                                 plens[:, None], state.engine.kernel_impl)[:, 0]

@@ -19,6 +19,11 @@ its first step runs that step eagerly. The first step of every new bucket runs e
 warm-up that the capture needs (lazy kernel compilation, cuBLAS workspaces), and then the
 bucket's graph is captured (capture runs no kernels, so the state is not advanced twice).
 
+The batched prefill (`dflash2.engine.prefill.prefill_forward`) is held the same way, in a second
+`StepGraphs` of the state keyed by its `PrefillShape` (row groups and padded lengths) instead of
+a K/V length: `run(key)` returns the body's outputs, the eager run's at a key's first call and the
+captured graph's static outputs (rewritten by each replay) afterwards.
+
 If a capture fails (a model whose forward does something a graph cannot hold, e.g. a host
 synchronization), the call warns once with the error and finishes on the eager loop: the output
 is the same, only slower. The counters say so (`captures` stays 0, `failed` holds the error);
@@ -33,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 import torch
 
@@ -53,12 +58,15 @@ def sync_check(enabled: bool = True) -> Iterator[None]:
 
 
 class StepGraphs:
-    """The captured steps of one decoding state (kept across calls), one CUDA graph per K/V bucket.
+    """The captured steps of one decoding state (kept across calls), one CUDA graph per key: the
+    K/V bucket of the decoding step, or the prefill's shape.
 
     Args:
-        body: `body(kv_len)` runs one decoding step on the static state, in place, with no host
-            synchronization (it is what gets captured).
+        body: `body(key)` runs one decoding step (or prefill) on the static state, in place, with
+            no host synchronization (it is what gets captured); what it returns (tensors or None)
+            is what `run` hands back.
         device: the CUDA device.
+        what: what the body is, for the capture-failure warning.
 
     Attributes:
         replays: steps that ran as a graph replay.
@@ -68,24 +76,31 @@ class StepGraphs:
         failed: the capture error, if a capture failed (the call then stays eager).
     """
 
-    def __init__(self, body: Callable[[int], None], device: torch.device):
+    def __init__(self, body: Callable[[Hashable], object], device: torch.device, what: str = "the decoding step"):
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
-        self.body, self.device = body, device
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.body, self.device, self.what = body, device, what
+        self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[Hashable, object] = {}  # per captured key, the body's static outputs
         self.pool = None  # one memory pool shared by the state's graphs (they never run concurrently)
         self.replays = self.captures = self.eager_steps = 0
         self.failed: str | None = None
 
     def step(self, kv_len: int) -> bool:
         """Run one step with K/V length `kv_len`; True when it was a graph replay."""
-        graph = self.graphs.get(kv_len)
+        return self.run(kv_len)[0]
+
+    def run(self, key: Hashable) -> tuple[bool, object]:
+        """Run the body for `key`: `(replayed, outputs)`. The first call per key runs it eagerly
+        (its outputs are returned) and captures it; later calls replay the graph and return the
+        captured outputs, which the next replay of that key overwrites."""
+        graph = self.graphs.get(key)
         if graph is None:
-            self.body(kv_len)  # the real step, and the warm-up of this bucket's shapes
+            out = self.body(key)  # the real run, and the warm-up of this key's shapes
             self.eager_steps += 1
             if self.failed is None:
-                self._capture(kv_len)
-            return False
+                self._capture(key)
+            return False, out
         if _SYNC_CHECK:
             previous = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode("error")
@@ -96,21 +111,22 @@ class StepGraphs:
         else:
             graph.replay()
         self.replays += 1
-        return True
+        return True, self.outputs[key]
 
-    def _capture(self, kv_len: int) -> None:
-        """Record the step for `kv_len` (runs no kernel, so the state does not advance)."""
+    def _capture(self, key: Hashable) -> None:
+        """Record the body for `key` (runs no kernel, so the state does not advance)."""
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(self.device)
         try:
             with torch.cuda.graph(graph, pool=self.pool):
-                self.body(kv_len)
-        except RuntimeError as e:  # the step cannot be held in a graph: finish this call eagerly
+                out = self.body(key)
+        except RuntimeError as e:  # the body cannot be held in a graph: run it eagerly from now on
             self.failed = f"{type(e).__name__}: {e}"
-            warnings.warn(f"dflash2: CUDA-graph capture of the decoding step failed ({self.failed}); this call "
-                          "continues on the eager loop (same output, slower). Pass graphs=False to skip the attempt.",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(f"dflash2: CUDA-graph capture of {self.what} failed ({self.failed}); it runs eagerly "
+                          "from now on (same output, slower). Pass graphs=False to skip the attempt.",
+                          RuntimeWarning, stacklevel=4)
             return
         self.pool = graph.pool()
-        self.graphs[kv_len] = graph
+        self.graphs[key] = graph
+        self.outputs[key] = out
         self.captures += 1

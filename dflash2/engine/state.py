@@ -27,6 +27,7 @@ import torch
 
 from dflash2.engine.cache import FULL_WINDOW, StaticTargetCache
 from dflash2.engine.draft import DraftStep, Proposal
+from dflash2.engine.prefill import round_up
 from dflash2.engine.reports import REPORT_ROWS, StepReports
 from dflash2.engine.sampling import filter_logits, invalid_rows
 from dflash2.engine.settings import EXACT_SPLIT_KEYS, EngineSettings
@@ -38,10 +39,6 @@ from dflash2.kernels.verify import verify_block
 from dflash2.target import TargetModel
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)  # graph-path batch sizes; above 32, multiples of 32
-# Invariant exact mode's prefill forwards: padded prompt tokens (bounds the workspaces) and rows (the
-# kept logits are [rows, distinct prompt ends, V]) per forward.
-PREFILL_TOKENS = 8192
-PREFILL_ROWS = 32
 LEN_BUCKET = 512  # slots per row of a reusable state, rounded up to a multiple of this
 
 
@@ -60,87 +57,12 @@ def _selector_head_group(proposer, tgt: TargetModel) -> list[FusedLinears]:
         return []
 
 
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 def batch_bucket(batch: int) -> int:
     """The state's row count for a call of `batch` rows on the graph path."""
     for b in BATCH_BUCKETS:
         if batch <= b:
             return b
     return round_up(batch, BATCH_BUCKETS[-1])
-
-
-def prefill_rows(tgt: TargetModel, rows: list[torch.Tensor], cache: StaticTargetCache, layer_ids: list[int],
-                 p_max: int, kernel: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Exact-mode prefill: each prompt alone (a batch of one at its own length, written into
-    row b's slots of `cache`), so prefill shapes never depend on the other rows.
-
-    Returns:
-        `(first_logits [B, 1, V], features [B, p_max, n*H] or None)`, features zero past a row's end.
-    """
-    device = cache.lengths.device
-    logits, feats = [], []
-    for b, r in enumerate(rows):
-        n = r.numel()
-        pos = torch.arange(n, device=device)[None]
-        cache.prepare(pos, kv_len=n, row=b)
-        out = tgt(r.to(device)[None], position_ids=pos, past_key_values=cache, layer_ids=layer_ids, logits_to_keep=1,
-                  **cache.attention_kwargs(kernel, exact=True))
-        logits.append(out.logits[:, -1:])
-        if out.features is not None:
-            feats.append(torch.nn.functional.pad(out.features, (0, 0, 0, p_max - n)))
-    return torch.cat(logits), (torch.cat(feats) if feats else None)
-
-
-def prefill_groups(lengths: list[int], budget: int, max_rows: int = PREFILL_ROWS) -> list[tuple[int, int]]:
-    """Contiguous row groups `[(start, stop), ...]` covering `lengths` (prompt lengths, in row
-    order) of at most `max_rows` rows whose padded size, rows x the group's longest prompt, stays
-    within `budget` tokens (a prompt longer than the budget is a group of its own)."""
-    groups, start, longest = [], 0, 0
-    for i, n in enumerate(lengths):
-        if i > start and (max(longest, n) * (i - start + 1) > budget or i - start == max_rows):
-            groups.append((start, i))
-            start, longest = i, 0
-        longest = max(longest, n)
-    if lengths:
-        groups.append((start, len(lengths)))
-    return groups
-
-
-def prefill_invariant(tgt: TargetModel, tokens: torch.Tensor, lengths: list[int], cache: StaticTargetCache,
-                      layer_ids: list[int], p_max: int, tile: int,
-                      budget: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Exact-mode prefill with the invariant kernels: the prompts, `tokens [B, >= p_max]` right-
-    padded with lengths `lengths`, in contiguous row groups (`prefill_groups` with `budget`,
-    default `PREFILL_TOKENS`), one forward per
-    group written into those rows' slots of `cache`. The caller enters the step modes (every
-    linear through the row-invariant small-M kernel, the norms' means through the row mean); the
-    attention runs the row-attention kernel with key splits at fixed slots (`EXACT_SPLIT_KEYS`)
-    in query tiles of `tile` (exact mode's width), so each prompt token gets the bits a decode of
-    it gets. Nothing a row computes depends on the other rows, its group or the padding: a row's
-    K/V, logits and features are the bits of that prompt prefilled alone.
-
-    Returns:
-        `(first_logits [B, 1, V], features [B, p_max, n*H] or None)`, features zero past a row's end.
-    """
-    device = tokens.device
-    logits, feats = [], []
-    for start, stop in prefill_groups(lengths, PREFILL_TOKENS if budget is None else budget):
-        rows, n = stop - start, max(lengths[start:stop])
-        pos = torch.arange(n, device=device)[None].expand(rows, n)
-        last = torch.tensor(lengths[start:stop], device=device) - 1
-        keep, where_kept = torch.unique(last, return_inverse=True)
-        cache.prepare(pos, kv_len=n, rows=rows, start=start)
-        out = tgt(tokens[start:stop, :n], position_ids=pos, past_key_values=cache, layer_ids=layer_ids,
-                  logits_to_keep=keep, **cache.attention_kwargs("triton", split_keys=EXACT_SPLIT_KEYS,
-                                                                tile_queries=tile))
-        logits.append(out.logits[torch.arange(rows, device=device), where_kept][:, None])
-        if out.features is not None:
-            past_end = (pos > last[:, None])[..., None]
-            feats.append(torch.nn.functional.pad(out.features.masked_fill(past_end, 0), (0, 0, 0, p_max - n)))
-    return torch.cat(logits), (torch.cat(feats) if feats else None)
 
 
 def forward_rows(tgt: TargetModel, block: torch.Tensor, pos: torch.Tensor, cache: StaticTargetCache,
@@ -192,7 +114,8 @@ class DecodeState:
         self.batch, self.max_len, self.n_spec, self.width, self.exact = batch, max_len, n_spec, width, engine.exact
         self.sampled, self.top_k, self.top_p, self.layer_ids = sampled, top_k, top_p, layer_ids
         self.lock = threading.Lock()
-        self.runner = None  # the StepGraphs of this state (graph path), kept with it
+        self.runner = None  # the StepGraphs of this state's decoding step (graph path), kept with it
+        self.prefill_runner = None  # the StepGraphs of its batched prefill, one graph per PrefillShape
         # The function modes entered around the forwards of a call on this state live with it:
         # graphs captured under them replay their buffers (the small-M linear's split-K tickets).
         # Invariant exact mode routes every linear (any row count) and the norms' means through
@@ -257,7 +180,7 @@ class DecodeState:
 
     def prefill_modes(self) -> contextlib.AbstractContextManager:
         """The function modes of the prefill: the linear mode in normal mode, the step modes in
-        invariant exact mode (its prefill runs the invariant kernels, `prefill_invariant`), none
+        invariant exact mode (its prefill runs the invariant kernels, `dflash2.engine.prefill`), none
         in exact mode `"rows"` (row by row with the stock kernels) or without a linear mode."""
         if self.engine.invariant_exact:
             return self.step_modes()
@@ -278,7 +201,7 @@ class DecodeState:
     def close(self) -> None:
         """Drop the graphs: the runner's step is this state's bound method, a reference cycle that
         would otherwise hold the buffers and graph pools until the cyclic collector runs."""
-        self.runner = None
+        self.runner = self.prefill_runner = None
 
     def load(self, rows: list[torch.Tensor], temperature: float, seeds: torch.Tensor, max_new_tokens: int,
              stops: torch.Tensor | None) -> None:

@@ -123,6 +123,10 @@ class StepTimes:
     replayed: list[bool] = field(default_factory=list)  # graph mode: per step, a replay (False: eager/capture)
     launch: list[float] = field(default_factory=list)  # graph mode: per step, host seconds in the runner's call
     graph_error: str | None = None  # graph mode: why a capture failed (the call then finished eagerly)
+    # The batched prefill in graph mode: "replay" (a graph captured by an earlier call of its shape),
+    # "capture" (run eagerly, then captured for later calls) or "eager" (no graph: not the graph
+    # path, exact mode "rows", or a failed capture).
+    prefill_graph: str = "eager"
 
     @property
     def graph_replays(self) -> int:

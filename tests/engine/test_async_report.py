@@ -20,6 +20,7 @@ import torch
 from dflash2 import speculative_generate
 from dflash2.engine import generate as engine_generate
 from dflash2.engine import inputs as engine_inputs
+from dflash2.engine import prefill as engine_prefill
 from dflash2.engine import kept as engine_kept
 from dflash2.engine import reports as engine_reports
 from dflash2.engine import state as engine_state
@@ -74,6 +75,7 @@ def models():
 def _force_graph_path(monkeypatch):
     monkeypatch.setattr(engine_inputs, "_graphs_arg", lambda graphs, tgt, draft, exact: bool(graphs))
     monkeypatch.setattr(engine_generate, "StepGraphs", ReplayByRunning)
+    monkeypatch.setattr(engine_prefill, "StepGraphs", ReplayByRunning)
     monkeypatch.setattr(engine_generate, "GRAPH_KV_BUCKET", 8)
 
 

@@ -16,6 +16,7 @@ import torch
 from dflash2 import DFlash2DraftModel, speculative_generate
 from dflash2.engine import generate as engine_generate
 from dflash2.engine import inputs as engine_inputs
+from dflash2.engine import prefill as engine_prefill
 from dflash2.engine import kept as engine_kept
 from dflash2.engine.cache import StaticTargetCache
 from dflash2.engine.kept import release_decode_state
@@ -37,6 +38,7 @@ def models():
 def fake_graphs(monkeypatch):
     monkeypatch.setattr(engine_inputs, "_graphs_arg", lambda graphs, tgt, draft, exact: bool(graphs))
     monkeypatch.setattr(engine_generate, "StepGraphs", ReplayByRunning)
+    monkeypatch.setattr(engine_prefill, "StepGraphs", ReplayByRunning)
     monkeypatch.setattr(engine_generate, "GRAPH_KV_BUCKET", 8)
     monkeypatch.setattr(engine_generate, "LEN_BUCKET", 64)
 

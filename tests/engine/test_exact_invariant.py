@@ -119,8 +119,8 @@ def test_the_prefill_gives_each_row_its_own_bits_in_any_group(target, monkeypatc
     """The invariant prefill: rows prefilled together, in groups of any size (a token budget that
     splits them), or alone give the same first logits, features and outputs bit for bit; features
     past a row's end are zero; a prompt longer than the query tile runs in tiles."""
-    from dflash2.engine import state as state_mod
-    from dflash2.engine.state import prefill_groups
+    from dflash2.engine import prefill as prefill_mod
+    from dflash2.engine.prefill import prefill_groups
 
     assert prefill_groups([8, 6, 11, 5], budget=24) == [(0, 2), (2, 4)]  # 2 x 8 fits; 3 x 11 does not
     assert prefill_groups([30, 4], budget=16) == [(0, 1), (1, 2)]  # a prompt over the budget alone
@@ -128,14 +128,15 @@ def test_the_prefill_gives_each_row_its_own_bits_in_any_group(target, monkeypatc
     assert prefill_groups([4] * 5, budget=100, max_rows=2) == [(0, 2), (2, 4), (4, 5)]
     rows = PROMPTS + [torch.arange(1, 2 * W + 4)]  # 19 tokens: three query tiles of W
     captured = []
-    real = state_mod.prefill_invariant
+    real = prefill_mod.prefill_forward
 
-    def spy(*a, **k):
-        out = real(*a, **k)
-        captured.append(out)
+    def spy(state, shape):
+        assert shape.invariant and shape.tile == W
+        out = real(state, shape)
+        captured.append((out[0].clone(), None if out[1] is None else out[1].clone()))
         return out
 
-    monkeypatch.setattr("dflash2.engine.generate.prefill_invariant", spy)
+    monkeypatch.setattr(prefill_mod, "prefill_forward", spy)
 
     def run(prompts, refs):
         oracle = _oracle(refs)
@@ -148,7 +149,7 @@ def test_the_prefill_gives_each_row_its_own_bits_in_any_group(target, monkeypatc
                               exact_impl="invariant")
     together, (logits, feats) = run(rows, ar)
     assert feats is not None and feats.shape[:2] == (len(rows), max(p.numel() for p in rows))
-    monkeypatch.setattr(state_mod, "PREFILL_TOKENS", 20)  # groups of rows
+    monkeypatch.setattr(prefill_mod, "PREFILL_TOKENS", 20)  # groups of rows
     assert len(prefill_groups([p.numel() for p in rows], 20)) > 1
     grouped, (g_logits, g_feats) = run(rows, ar)
     assert torch.equal(g_logits, logits) and torch.equal(g_feats, feats)

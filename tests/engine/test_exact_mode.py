@@ -131,9 +131,9 @@ def test_bucketed_kv_length_changes_no_token(monkeypatch):
 
     prepare = StaticTargetCache.prepare
 
-    def spy(self, positions, kv_len=None, row=None, rows=None):
+    def spy(self, positions, kv_len=None, row=None, rows=None, start=0):
         lengths.append((positions.shape[1], kv_len))
-        return prepare(self, positions, kv_len, row, rows)
+        return prepare(self, positions, kv_len, row, rows, start)
 
     monkeypatch.setattr(StaticTargetCache, "prepare", spy)
     bucketed = speculative_generate(target, draft, rows, max_new_tokens=10, num_speculative_tokens=4)
@@ -144,14 +144,13 @@ def test_bucketed_kv_length_changes_no_token(monkeypatch):
     assert plain.accepted == bucketed.accepted
 
 
-def test_prefill_length_rounds_within_the_rows_slots():
-    from dflash2.engine.generate import prefill_length
+def test_prefill_length_rounds_within_the_states_slots():
+    from dflash2.engine.prefill import prefill_length
 
-    assert prefill_length(150, 256, 512, 64) == 192
-    assert prefill_length(192, 256, 512, 64) == 192       # already a multiple
-    assert prefill_length(150, 4, 512, 64) == 154         # never past the slots a row may write
-    assert prefill_length(150, 256, 160, 64) == 160       # nor past the state's slots
-    assert prefill_length(150, 256, 512, 0) == 150        # 0: exact lengths
+    assert prefill_length(150, 512, 64) == 192
+    assert prefill_length(192, 512, 64) == 192       # already a multiple
+    assert prefill_length(150, 160, 64) == 160       # never past the state's slots
+    assert prefill_length(150, 512, 0) == 150        # 0: exact lengths
 
 
 def test_padded_prefill_changes_no_token(monkeypatch):

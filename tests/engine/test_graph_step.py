@@ -18,6 +18,7 @@ import torch
 from dflash2 import speculative_generate
 from dflash2.engine import generate as engine_generate
 from dflash2.engine import inputs as engine_inputs
+from dflash2.engine import prefill as engine_prefill
 from dflash2.engine.inputs import GenerateInputError
 from dflash2.evaluation.arms.oracle_proposers import DeviceOracleProposer, OracleProposer
 from tests.engine.helpers import fp32_target_draft_prompts
@@ -26,23 +27,26 @@ VOCAB = 300
 
 
 class ReplayByRunning:
-    """CPU stand-in for `StepGraphs`: a 'capture' per bucket (not run), then each 'replay' runs the body."""
+    """CPU stand-in for `StepGraphs`: a 'capture' per key (not run), then each 'replay' runs the
+    body for that key (the decoding step's K/V bucket, or the prefill's shape)."""
 
     instances: list[ReplayByRunning] = []
 
-    def __init__(self, body, device):
-        self.body, self.buckets, self.replays, self.captures, self.failed = body, set(), 0, 0, None
+    def __init__(self, body, device, what="the decoding step"):
+        self.body, self.what, self.buckets, self.replays, self.captures, self.failed = body, what, set(), 0, 0, None
         ReplayByRunning.instances.append(self)
 
     def step(self, kv_len: int) -> bool:
-        if kv_len not in self.buckets:
-            self.body(kv_len)  # the warm-up step (real), then a capture that runs nothing
-            self.buckets.add(kv_len)
+        return self.run(kv_len)[0]
+
+    def run(self, key):
+        out = self.body(key)  # the warm-up run (real, then a capture that runs nothing), or a "replay"
+        if key not in self.buckets:
+            self.buckets.add(key)
             self.captures += 1
-            return False
-        self.body(kv_len)
+            return False, out
         self.replays += 1
-        return True
+        return True, out
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +59,7 @@ def fake_graphs(monkeypatch):
     """Force the graph path on CPU with the stand-in, and buckets of 8 K/V slots (so a run crosses several)."""
     monkeypatch.setattr(engine_inputs, "_graphs_arg", lambda graphs, tgt, draft, exact: bool(graphs))
     monkeypatch.setattr(engine_generate, "StepGraphs", ReplayByRunning)
+    monkeypatch.setattr(engine_prefill, "StepGraphs", ReplayByRunning)
     monkeypatch.setattr(engine_generate, "GRAPH_KV_BUCKET", 8)
     ReplayByRunning.instances.clear()
     return ReplayByRunning.instances
@@ -102,6 +107,81 @@ def test_graph_path_bookkeeping_equals_the_eager_loop(models, fake_graphs, tempe
     assert again.times.replayed[0] and again.times.graph_captures == 0
     if proposer == "oracle" and temperature == 0.0:
         assert sum(map(sum, eager.accepted)) / sum(map(len, eager.accepted)) >= 1.0  # the path really accepts
+
+
+def test_prefill_graphs_are_kept_per_shape_and_replayed_for_new_prompts(models, fake_graphs, monkeypatch):
+    """The graph path's prefill: a call captures the prefill of its `PrefillShape`; a later call
+    whose prompts differ but pad to the same bucket replays it (with its own prompts' tokens, the
+    eager loop's output); a longer prompt is a new shape, captured in turn. The evaluation's
+    timing counts the prefill's captures and replays."""
+    from dflash2.evaluation.running.timing import ArmTiming
+
+    monkeypatch.setattr(engine_generate, "CPU_PREFILL_BUCKET", 16)
+    target, draft, prompts = models
+    short = [p[:9] for p in prompts]                       # 9 tokens: pads to 16
+    other = [p[:13].flip(0) for p in prompts]             # other tokens, 13: the same bucket
+    longer = [torch.cat([p, p])[:20] for p in prompts]     # 20: the next bucket
+    kw = dict(max_new_tokens=12, num_speculative_tokens=3, seed=[1, 2, 3])
+    timing = ArmTiming()
+    seen = []
+    for rows in (short, other, longer, other):
+        graphed = speculative_generate(target, draft, rows, graphs=True, **kw)
+        _same(graphed, speculative_generate(target, draft, rows, graphs=False, **kw))
+        seen.append(graphed.times.prefill_graph)
+        timing.add_call(1.0, graphed.times)
+    assert seen == ["capture", "replay", "capture", "replay"]
+    prefill_runner = next(r for r in fake_graphs if r.what == "the prefill")
+    assert prefill_runner.captures == 2 and prefill_runner.replays == 2
+    assert timing.prefill_replays == 2
+    assert timing.graph_captures >= 2                       # the prefill's two captures at least
+    eager = speculative_generate(target, draft, short, graphs=False, **kw)
+    assert eager.times.prefill_graph == "eager"
+
+
+class _NoHostReads(torch.overrides.TorchFunctionMode):
+    """Fails on any tensor-to-host read (what a CUDA graph capture refuses)."""
+
+    HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
+                  torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.nonzero, torch.nonzero,
+                  torch.unique, torch.Tensor.unique, torch.Tensor.cpu, torch.Tensor.numpy}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.HOST_READS:
+            raise AssertionError(f"the prefill body reads a tensor on the host: {func}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_prefill_body_makes_no_host_read(models, monkeypatch, invariant):
+    """`prefill_forward`, what the graph path captures, reads no tensor on the host, in normal and
+    invariant exact mode, with features returned (a drafter's layers) and in row groups; its
+    outputs have the shapes its `PrefillShape` promises. (That a replay serves other prompts of the
+    same shape: tests/gpu/test_prefill_graphs.py.)"""
+    monkeypatch.setattr(engine_generate, "CPU_PREFILL_BUCKET", 16)
+    monkeypatch.setattr(engine_prefill, "PREFILL_ROWS", 2)  # three prompts: two row groups
+    target, _, prompts = models
+    shapes = []
+    real = engine_prefill.prefill_forward
+
+    def guarded(state, shape):
+        with _NoHostReads():
+            first, feats = real(state, shape)
+        shapes.append((shape, first.shape, None if feats is None else feats.shape))
+        return first, feats
+
+    monkeypatch.setattr(engine_prefill, "prefill_forward", guarded)
+    oracle = OracleProposer([p.tolist() for p in prompts], [0, 0, 0], block_size=8, accept_prob=0.0,
+                            vocab_size=VOCAB)
+    oracle.target_layer_ids = [0, 1]  # the prefill then returns features
+    kw = {"exact": True, "exact_impl": "invariant", "exact_block_size": 8} if invariant else {}
+    rows = [p[:9] for p in prompts]
+    out = speculative_generate(target, oracle, rows, max_new_tokens=12, num_speculative_tokens=3, **kw)
+    ar = speculative_generate(target, None, rows, max_new_tokens=12, **kw)
+    assert [g.tolist() for g in out.generated] == [g.tolist() for g in ar.generated]
+    (shape, first_shape, feats_shape), (_, _, no_feats) = shapes  # the drafter's call, then AR's
+    assert no_feats is None
+    assert shape.invariant == invariant and len(shape.groups) == 2 and shape.width == 16
+    assert first_shape == (3, 1, VOCAB) and feats_shape[:2] == (3, 16)
 
 
 def test_graphs_argument_is_checked(models):
@@ -163,7 +243,7 @@ def test_a_failed_capture_warns_and_finishes_eagerly(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph", refuse)
     calls = []
     runner = graphs_mod.StepGraphs(calls.append, torch.device("cuda"))
-    with pytest.warns(RuntimeWarning, match="capture of the decoding step failed.*eager loop"):
+    with pytest.warns(RuntimeWarning, match="capture of the decoding step failed.*runs eagerly"):
         assert runner.step(256) is False
     assert [runner.step(256), runner.step(512), runner.step(512)] == [False] * 3
     assert calls == [256, 256, 512, 512] and runner.replays == runner.captures == 0
