@@ -66,7 +66,7 @@ def test_end_to_end_line_per_arm_and_table(run, tmp_path):
     ids = {"gsm8k/0000", "gsm8k/0001", "gsm8k/0002"}
     timed = ArmTiming(samples=3, chunks=3, tokens=120, total_s=0.100, generation_s=0.072, score_s=0.009,
                       analysis_s=0.001, sample_ids=set(ids), prefill_s=0.012, steps=120, eager_steps=3,
-                      graph_captures=1)
+                      graph_captures=1, prefill_replays=2)
     # The speculative arm timed the same samples: its own 0.045 s of work against the baseline's 0.090
     # (its scoring of a cached result would be cheap; scoring is not part of either figure).
     fast = ArmTiming(samples=3, chunks=3, tokens=120, total_s=0.0456, generation_s=0.036, score_s=0.0003,
@@ -80,7 +80,7 @@ def test_end_to_end_line_per_arm_and_table(run, tmp_path):
     assert (e["speedup_end_to_end"], e["generation_speedup"]) == pytest.approx((1.0, 1.0))
     # generation = prefill + decode: 12 ms of prefills over 3 calls, the other 60 ms over 120 steps
     assert (e["prefill_ms_per_call"], e["decode_ms_per_step"]) == pytest.approx((4.0, 0.5))
-    assert (e["eager_steps_per_call"], e["graph_captures"]) == pytest.approx((1.0, 1))
+    assert (e["eager_steps_per_call"], e["graph_captures"], e["prefill_replays"]) == pytest.approx((1.0, 1, 2))
     f = e2e["per_arm"]["dflash2@N=5"]
     assert (f["speedup_end_to_end"], f["generation_speedup"]) == pytest.approx((2.0, 2.0))
     untimed = e2e["per_arm"]["dflash2@N=3"]
@@ -100,7 +100,7 @@ def test_end_to_end_line_per_arm_and_table(run, tmp_path):
         page = write_report(tmp_path, recs, summary).read_text()
         assert "End to end per arm (this process" in page and "6 samples timed" in page
         cells = ["ar", "3", "120", "0.100", "0.750", "0.600", "30.00", "20.0", "1.000", "1.000", "4.00", "0.500",
-                 "1.00", "1", "3.00", "1.0"]
+                 "1.00", "1", "2", "3.00", "1.0"]
         assert "".join(f"<td>{c}</td>" for c in cells) in page
         assert "<td>dflash2@N=5</td><td>3</td><td>120</td><td>0.046</td><td>0.375</td>" in page
         assert "<td>dflash2@N=3</td><td>0</td><td>0</td><td>0.000</td><td>-</td>" in page

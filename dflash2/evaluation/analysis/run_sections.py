@@ -16,7 +16,7 @@ from dflash2.evaluation.analysis.formatting import fmt_share as _pct
 
 E2E_COLUMNS = ["arm", "samples timed", "tokens", "total s", "ms/token end to end", "ms/token generation",
                "ms/sample", "host %", "speedup end to end", "speedup generation", "prefill ms/call", "decode ms/step",
-               "eager steps/call", "graph captures", "score ms/sample", "analysis %"]
+               "eager steps/call", "graph captures", "prefill replays", "score ms/sample", "analysis %"]
 # What "end to end" covers, for the terminal and the report's headings (`running.timing`).
 E2E_SCOPE = ("each arm's own work: tokenize + generate + decode + write; scoring and the analysis forwards apart; "
              "speedups over the baseline arm on the same timed samples")
@@ -43,7 +43,7 @@ def end_to_end_rows(summary: dict) -> list[list[str]]:
              _num(e.get("ms_per_token"), 3), _num(e.get("generation_ms_per_token"), 3), _num(e.get("ms_per_sample"), 2),
              _pct(e.get("host_fraction")), _num(e.get("speedup_end_to_end"), 3), _num(e.get("generation_speedup"), 3),
              _num(e.get("prefill_ms_per_call"), 2), _num(e.get("decode_ms_per_step"), 3),
-             _num(e.get("eager_steps_per_call"), 2), _count(e.get("graph_captures")),
+             _num(e.get("eager_steps_per_call"), 2), _count(e.get("graph_captures")), _count(e.get("prefill_replays")),
              _num(e.get("score_ms_per_sample"), 2), _pct(e.get("analysis_fraction"))] for arm, e in per_arm.items()]
 
 

@@ -17,7 +17,8 @@ appended and fsynced, with the same clock as `Record.wall_s` (CUDA synchronised)
     steps         decoding steps the calls ran (a lookahead step on finished rows included);
                   decode ms/step = (generation_s - prefill_s) / steps
     eager_steps   of those, the steps not replayed from a CUDA graph (a graph bucket's warm-up,
-                  a capture, the eager loop's every step); graph_captures: graphs captured
+                  a capture, the eager loop's every step); graph_captures: graphs captured (the
+                  steps' and the prefills'); prefill_replays: calls whose prefill replayed a graph
 
 End to end means `serve_s`: scoring and the analysis forwards are costs of measuring, shown apart.
 The HumanEval sandbox result is cached per (problem, completion), so an arm whose completion
@@ -67,7 +68,8 @@ class ArmTiming:
         sample_ids: the timed records' sample ids (which samples two arms' speedups compare).
         prefill_s: seconds of the calls' prefills (part of generation_s).
         steps: decoding steps the calls ran; eager_steps: those not replayed from a CUDA graph.
-        graph_captures: CUDA graphs the calls captured.
+        graph_captures: CUDA graphs the calls captured (decoding steps and prefills).
+        prefill_replays: calls whose prefill replayed a graph an earlier call captured.
     """
 
     samples: int = 0
@@ -82,6 +84,7 @@ class ArmTiming:
     steps: int = 0
     eager_steps: int = 0
     graph_captures: int = 0
+    prefill_replays: int = 0
 
     @property
     def serve_s(self) -> float:
@@ -98,13 +101,15 @@ class ArmTiming:
 
     def add_call(self, wall_s: float, times) -> None:
         """Count one generation call of `wall_s` seconds and its `StepTimes` (`times`): its
-        prefill, the steps it ran, how many of them were not graph replays, its captures."""
+        prefill, the steps it ran, how many of them were not graph replays, its captures (the
+        prefill's included) and whether its prefill was a replay."""
         self.generation_s += float(wall_s)
         self.prefill_s += float(times.prefill)
         steps = len(times.verify)
         self.steps += steps
         self.eager_steps += steps - int(times.graph_replays)
-        self.graph_captures += int(times.graph_captures)
+        self.graph_captures += int(times.graph_captures) + (times.prefill_graph == "capture")
+        self.prefill_replays += times.prefill_graph == "replay"
 
 
 def _ratio(num: float, den: float, scale: float = 1.0) -> float:
@@ -135,7 +140,7 @@ def summarize_end_to_end(timings: Mapping[str, ArmTiming], rank: int = 0, world_
          ms_per_sample (serve_s per sample), score_ms_per_sample, host_fraction (of serve_s),
          analysis_fraction (of total_s), speedup_end_to_end, generation_speedup, prefill_s,
          prefill_ms_per_call, steps, decode_ms_per_step ((generation_s - prefill_s) per step),
-         eager_steps_per_call, graph_captures}}, "warmup": `warmup` or None}; a rate, fraction
+         eager_steps_per_call, graph_captures, prefill_replays}}, "warmup": `warmup` or None}; a rate, fraction
          or speedup is NaN where its denominator is 0 or (speedups) the arm and the baseline timed
          different samples.
     """
@@ -157,6 +162,7 @@ def summarize_end_to_end(timings: Mapping[str, ArmTiming], rank: int = 0, world_
             "prefill_s": t.prefill_s, "prefill_ms_per_call": _ratio(t.prefill_s, t.chunks, 1e3), "steps": t.steps,
             "decode_ms_per_step": _ratio(t.generation_s - t.prefill_s, t.steps, 1e3),
             "eager_steps_per_call": _ratio(t.eager_steps, t.chunks), "graph_captures": t.graph_captures,
+            "prefill_replays": t.prefill_replays,
         }
     return {"measures": MEASURES, "rank": int(rank), "world_size": int(world_size), "baseline": baseline,
             "samples": sum(t.samples for t in timings.values()), "per_arm": per_arm, "warmup": warmup}
