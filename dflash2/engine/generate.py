@@ -60,8 +60,8 @@ from dflash2.engine.kept import free_idle_states, keep_state, kept_state, state_
 from dflash2.engine.reports import ACC, ACTIVE, BAD, DONE, END, NEW, VLEN
 from dflash2.engine.sampling import invalid_rows, row_seeds
 from dflash2.engine.settings import EngineSettings
-from dflash2.engine.prefill import prefill_rows, prefill_shape, round_up, run_prefill
-from dflash2.engine.state import LEN_BUCKET, DecodeState, batch_bucket
+from dflash2.engine.prefill import prefill_rows, prefill_shape, run_prefill
+from dflash2.engine.state import LEN_BUCKET, DecodeState, batch_bucket, round_up
 from dflash2.engine.stats import StepTimes, summarize
 from dflash2.engine.verify import target_draw
 from dflash2.target import TargetModel

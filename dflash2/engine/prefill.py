@@ -34,20 +34,16 @@ import torch
 
 from dflash2.engine.graphs import StepGraphs
 from dflash2.engine.settings import EXACT_SPLIT_KEYS
+from dflash2.engine.state import DecodeState, round_up
 
 if TYPE_CHECKING:
     from dflash2.engine.cache import StaticTargetCache
-    from dflash2.engine.state import DecodeState
     from dflash2.target import TargetModel
 
 # A batched prefill forward's rows (its kept logits are [rows, rows, V]) and, in invariant exact mode,
 # padded prompt tokens (bounds the invariant kernels' workspaces).
 PREFILL_TOKENS = 8192
 PREFILL_ROWS = 32
-
-
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def prefill_length(p_max: int, max_len: int, bucket: int) -> int:

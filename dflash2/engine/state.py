@@ -27,7 +27,6 @@ import torch
 
 from dflash2.engine.cache import FULL_WINDOW, StaticTargetCache
 from dflash2.engine.draft import DraftStep, Proposal
-from dflash2.engine.prefill import round_up
 from dflash2.engine.reports import REPORT_ROWS, StepReports
 from dflash2.engine.sampling import filter_logits, invalid_rows
 from dflash2.engine.settings import EXACT_SPLIT_KEYS, EngineSettings
@@ -55,6 +54,11 @@ def _selector_head_group(proposer, tgt: TargetModel) -> list[FusedLinears]:
         return [FusedLinears([selector.hidden_projection, head])]
     except ValueError:
         return []
+
+
+def round_up(n: int, multiple: int) -> int:
+    """`n` rounded up to a multiple of `multiple` (> 0)."""
+    return -(-n // multiple) * multiple
 
 
 def batch_bucket(batch: int) -> int:
