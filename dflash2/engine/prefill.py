@@ -4,14 +4,15 @@ A call's prefill writes each prompt's K/V into the decoding state's cache and gi
 first-token logits and (for a drafter) the prompt's target features. Two kinds:
 
 - **Batched** (`prefill_forward`, normal mode and invariant exact mode): the prompts, right-padded
-  in the state's `tokens` buffer, in contiguous row groups of a `PrefillShape`, at most
-  `PREFILL_ROWS` rows each (a group's first logits pass through `[rows, rows, V]`). Normal mode runs
-  every group at one `prefill_length` (the longest prompt rounded up to a bucket, so attention
-  plans and graphs serve every prompt length of a bucket). Invariant exact mode's groups also hold
-  at most `PREFILL_TOKENS` padded tokens (`prefill_groups`), each at its own longest prompt's
-  bucket, through the invariant kernels (the caller enters the state's step modes), the attention
-  in query tiles of `exact_block_size`, so nothing a row computes depends on the other rows, its
-  group or the padding.
+  in the state's `tokens` buffer, all at one `prefill_length` (the longest prompt rounded up to a
+  bucket, so attention plans and graphs serve every prompt length of a bucket), in contiguous row
+  groups of a `PrefillShape` (`prefill_group_rows`): at most `PREFILL_ROWS` rows each (a group's
+  first logits pass through `[rows, rows, V]`) and, in invariant exact mode, at most
+  `PREFILL_TOKENS` padded tokens (the invariant kernels' workspaces). The shape is then a function
+  of the row count and the padded length alone, the prompt class that the evaluation's warm-up
+  pays (`dflash2.evaluation.running.warmup`). Invariant exact mode runs the invariant kernels (the
+  caller enters the state's step modes), the attention in query tiles of `exact_block_size`, so
+  nothing a row computes depends on the other rows, its group or the padding.
 - **Row by row** (`prefill_rows`, exact mode `"rows"`): each prompt alone at its own length.
 
 `prefill_forward` reads nothing but the state's static buffers (`tokens`, `plens`, the cache) and
@@ -56,19 +57,14 @@ def prefill_length(p_max: int, max_len: int, bucket: int) -> int:
     return min(round_up(p_max, bucket), max_len)
 
 
-def prefill_groups(lengths: list[int], budget: int, max_rows: int = PREFILL_ROWS) -> list[tuple[int, int]]:
-    """Contiguous row groups `[(start, stop), ...]` covering `lengths` (prompt lengths, in row
-    order) of at most `max_rows` rows whose padded size, rows x the group's longest prompt, stays
-    within `budget` tokens (a prompt longer than the budget is a group of its own)."""
-    groups, start, longest = [], 0, 0
-    for i, n in enumerate(lengths):
-        if i > start and (max(longest, n) * (i - start + 1) > budget or i - start == max_rows):
-            groups.append((start, i))
-            start, longest = i, 0
-        longest = max(longest, n)
-    if lengths:
-        groups.append((start, len(lengths)))
-    return groups
+def prefill_group_rows(length: int, invariant: bool, budget: int | None = None) -> int:
+    """Rows per batched prefill forward at `length` padded tokens: `PREFILL_ROWS`, and in invariant
+    mode also at most `budget` (default `PREFILL_TOKENS`) tokens, `budget // length` rows (at least
+    one: a prompt longer than the budget runs alone)."""
+    if not invariant:
+        return PREFILL_ROWS
+    budget = PREFILL_TOKENS if budget is None else budget
+    return max(1, min(PREFILL_ROWS, budget // max(length, 1)))
 
 
 @dataclass(frozen=True)
@@ -99,18 +95,15 @@ class PrefillShape:
 def prefill_shape(lengths: list[int], *, max_len: int, bucket: int, invariant: bool = False,
                   tile: int = 0, budget: int | None = None) -> PrefillShape:
     """The `PrefillShape` of prompts of `lengths` (host ints, row order) in a state of `max_len`
-    slots: normal mode groups of `PREFILL_ROWS` rows, all at `prefill_length` of the longest
-    prompt; invariant mode `prefill_groups` (`budget`, default `PREFILL_TOKENS`), each at
-    `prefill_length` of its own longest prompt."""
+    slots: every row at `prefill_length` of the longest prompt, in consecutive groups of
+    `prefill_group_rows` rows (`budget`: invariant mode's token budget, default `PREFILL_TOKENS`).
+    Two calls with as many prompts whose longest pads to the same length get the same shape."""
     if not lengths:
         raise ValueError("a prefill needs at least one prompt")
-    if not invariant:
-        n = prefill_length(max(lengths), max_len, bucket)
-        return PrefillShape(tuple((a, min(PREFILL_ROWS, len(lengths) - a), n)
-                                  for a in range(0, len(lengths), PREFILL_ROWS)))
-    spans = prefill_groups(lengths, PREFILL_TOKENS if budget is None else budget, PREFILL_ROWS)
-    groups = tuple((a, b - a, prefill_length(max(lengths[a:b]), max_len, bucket)) for a, b in spans)
-    return PrefillShape(groups, invariant=True, tile=int(tile))
+    n = prefill_length(max(lengths), max_len, bucket)
+    step = prefill_group_rows(n, invariant, budget)
+    groups = tuple((a, min(step, len(lengths) - a), n) for a in range(0, len(lengths), step))
+    return PrefillShape(groups, invariant=invariant, tile=int(tile) if invariant else 0)
 
 
 def prefill_forward(state: DecodeState, shape: PrefillShape) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -120,12 +120,14 @@ def test_the_prefill_gives_each_row_its_own_bits_in_any_group(target, monkeypatc
     splits them), or alone give the same first logits, features and outputs bit for bit; features
     past a row's end are zero; a prompt longer than the query tile runs in tiles."""
     from dflash2.engine import prefill as prefill_mod
-    from dflash2.engine.prefill import prefill_groups
+    from dflash2.engine.prefill import prefill_shape
 
-    assert prefill_groups([8, 6, 11, 5], budget=24) == [(0, 2), (2, 4)]  # 2 x 8 fits; 3 x 11 does not
-    assert prefill_groups([30, 4], budget=16) == [(0, 1), (1, 2)]  # a prompt over the budget alone
-    assert prefill_groups([], budget=16) == []
-    assert prefill_groups([4] * 5, budget=100, max_rows=2) == [(0, 2), (2, 4), (4, 5)]
+    def groups(lengths, budget):
+        return prefill_shape(lengths, max_len=64, bucket=0, invariant=True, tile=W, budget=budget).groups
+
+    assert groups([8, 6, 11, 5], budget=24) == ((0, 2, 11), (2, 2, 11))  # 2 x 11 fits the budget, 3 x 11 does not
+    assert groups([30, 4], budget=16) == ((0, 1, 30), (1, 1, 30))  # a prompt over the budget alone
+    assert groups([4] * 5, budget=100) == ((0, 5, 4),)
     rows = PROMPTS + [torch.arange(1, 2 * W + 4)]  # 19 tokens: three query tiles of W
     captured = []
     real = prefill_mod.prefill_forward
@@ -150,7 +152,7 @@ def test_the_prefill_gives_each_row_its_own_bits_in_any_group(target, monkeypatc
     together, (logits, feats) = run(rows, ar)
     assert feats is not None and feats.shape[:2] == (len(rows), max(p.numel() for p in rows))
     monkeypatch.setattr(prefill_mod, "PREFILL_TOKENS", 20)  # groups of rows
-    assert len(prefill_groups([p.numel() for p in rows], 20)) > 1
+    assert len(groups([p.numel() for p in rows], 20)) > 1
     grouped, (g_logits, g_feats) = run(rows, ar)
     assert torch.equal(g_logits, logits) and torch.equal(g_feats, feats)
     assert [s.tolist() for s in grouped.sequences] == [s.tolist() for s in together.sequences]

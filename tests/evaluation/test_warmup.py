@@ -60,6 +60,22 @@ def test_phase_and_chunk_calls():
     assert calls == []
 
 
+def test_a_chunk_of_fewer_rows_in_a_warm_row_bucket_gets_its_prefill_shape():
+    """The prompt class is the prefill's shape (`dflash2.engine.prefill.prefill_shape`): the last
+    chunk of 3 rows, in the row bucket of the 4-row chunks (warm already), still gets its own
+    prefill and first step, so no timed call captures its prefill graph."""
+    calls, generate = _recorder()
+    w = Warmup(generate, [_arm("ar")], max_new_tokens=64, n_stops=0, vocab=100, clock=lambda: 0.0)
+    prompts = [[1] * 30] * 7
+    w.phase(4, prompts)
+    calls.clear()
+    w.chunk(prompts[:4], None)
+    assert calls == [("ar", [30] * 4, WARM_FIRST_STEP_TOKENS, None)]
+    calls.clear()
+    w.chunk(prompts[4:], None)
+    assert calls == [("ar", [30] * 3, WARM_FIRST_STEP_TOKENS, None)]
+
+
 def _run(out, monkeypatch, warm: bool):
     from tests.evaluation.test_eval_configs import _compose
 

@@ -17,7 +17,8 @@ whichever arm meets such a cost first is charged for setup that every arm then s
   one does, the call ends early and only the warm-up's coverage is lost.
 - `chunk(prompts)`, before each chunk's timed arms: a chunk with a new row bucket (the last,
   shorter chunk) reruns the phase's calls at its row count. A chunk with a new prompt class
-  (row bucket, longest prompt in `PREFILL_BUCKET`s) gets one short call of every such arm on
+  (row count, longest prompt in `PREFILL_BUCKET`s: what fixes the prefill's shape and graph,
+  `dflash2.engine.prefill.prefill_shape`) gets one short call of every such arm on
   its own prompts (`max_new_tokens=2`: the prefill and the first step, where a drafter reads
   the prompt's features). Prompt-shape costs are then charged to no arm.
 
@@ -116,7 +117,7 @@ class Warmup:
         rows = batch_bucket(len(prompts))
         if rows not in self._rows:
             self._full_length(len(prompts))
-        key = (rows, -(-max(len(p) for p in prompts) // PREFILL_BUCKET))
+        key = (len(prompts), -(-max(len(p) for p in prompts) // PREFILL_BUCKET))  # the prefill's shape
         if key in self._classes:
             return
         self._classes.add(key)
