@@ -69,7 +69,7 @@ from dflash2.target import TargetModel
 EXACT_KV_BUCKET = 1024  # exact mode: K/V slots per row rounded up to a multiple of this
 KV_BUCKET = 128  # normal mode on CUDA: attention's K/V length rounded up to a multiple of this
 CPU_KV_BUCKET = 0  # the same on CPU (0 = exact lengths; tests set it to exercise the bucketed path)
-# On CUDA: a batched prefill forward's length (each group's, in invariant exact mode), rounded up
+# On CUDA: a batched prefill forward's length (every row's), rounded up
 # to a multiple of this (`dflash2.engine.prefill.prefill_length`). The prompts' SDPA (cuDNN on
 # Hopper) builds a plan per new shape, ~50 ms each for a 135M target on an H100, and the graph
 # path captures a prefill graph per shape: with the bucket, each serves every prompt length of it.

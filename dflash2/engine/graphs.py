@@ -20,7 +20,7 @@ warm-up that the capture needs (lazy kernel compilation, cuBLAS workspaces), and
 bucket's graph is captured (capture runs no kernels, so the state is not advanced twice).
 
 The batched prefill (`dflash2.engine.prefill.prefill_forward`) is held the same way, in a second
-`StepGraphs` of the state keyed by its `PrefillShape` (row groups and padded lengths) instead of
+`StepGraphs` of the state keyed by its `PrefillShape` (row count, padded length, rows per forward) instead of
 a K/V length: `run(key)` returns the body's outputs, the eager run's at a key's first call and the
 captured graph's static outputs (rewritten by each replay) afterwards.
 

@@ -72,24 +72,24 @@ class PrefillShape:
     """What fixes a batched prefill's kernels and sizes (the graph path's key for it).
 
     Attributes:
-        groups: one forward per group, `(start, rows, length)`: rows `start..start+rows-1` at
-            `length` padded tokens.
+        rows: the prompts (rows `0..rows-1` of the state).
+        length: every row's padded length (>= every prompt).
+        group_rows: rows per forward (`prefill_group_rows`); the last group may hold fewer.
         invariant: the invariant exact mode's kernels and attention (else normal mode's).
         tile: the attention's query tile (invariant; `exact_block_size`), else 0.
     """
 
-    groups: tuple[tuple[int, int, int], ...]
+    rows: int
+    length: int
+    group_rows: int
     invariant: bool = False
     tile: int = 0
 
     @property
-    def rows(self) -> int:
-        return sum(g[1] for g in self.groups)
-
-    @property
-    def width(self) -> int:
-        """The features' width: the longest group length (>= every prompt)."""
-        return max(g[2] for g in self.groups)
+    def groups(self) -> tuple[tuple[int, int, int], ...]:
+        """One forward per group, `(start, rows, length)`: rows `start..start+rows-1`."""
+        return tuple((a, min(self.group_rows, self.rows - a), self.length)
+                     for a in range(0, self.rows, self.group_rows))
 
 
 def prefill_shape(lengths: list[int], *, max_len: int, bucket: int, invariant: bool = False,
@@ -101,9 +101,8 @@ def prefill_shape(lengths: list[int], *, max_len: int, bucket: int, invariant: b
     if not lengths:
         raise ValueError("a prefill needs at least one prompt")
     n = prefill_length(max(lengths), max_len, bucket)
-    step = prefill_group_rows(n, invariant, budget)
-    groups = tuple((a, min(step, len(lengths) - a), n) for a in range(0, len(lengths), step))
-    return PrefillShape(groups, invariant=invariant, tile=int(tile) if invariant else 0)
+    return PrefillShape(len(lengths), n, prefill_group_rows(n, invariant, budget), invariant=invariant,
+                        tile=int(tile) if invariant else 0)
 
 
 def prefill_forward(state: DecodeState, shape: PrefillShape) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -114,13 +113,15 @@ def prefill_forward(state: DecodeState, shape: PrefillShape) -> tuple[torch.Tens
     captured outputs).
 
     Returns:
-        `(first_logits [rows, 1, V], features [rows, shape.width, n*H] or None)`; features past a
+        `(first_logits [rows, 1, V], features [rows, shape.length, n*H] or None)`; features past a
         row's end are zero in invariant mode, unspecified in normal mode.
     """
     tgt, cache, device = state.tgt, state.cache, state.tokens.device
     logits, feats = [], []
-    for start, rows, n in shape.groups:
-        pos = torch.arange(n, device=device)[None].expand(rows, n)
+    n = shape.length
+    positions = torch.arange(n, device=device)[None].expand(shape.rows, n)
+    for start, rows, _ in shape.groups:
+        pos = positions[:rows]
         last = state.plens[start:start + rows] - 1                           # [rows], on the device
         if shape.invariant:
             cache.prepare(pos, kv_len=n, rows=rows, start=start)
@@ -136,7 +137,7 @@ def prefill_forward(state: DecodeState, shape: PrefillShape) -> tuple[torch.Tens
             f = out.features
             if shape.invariant:
                 f = f.masked_fill((pos > last[:, None])[..., None], 0)
-            feats.append(torch.nn.functional.pad(f, (0, 0, 0, shape.width - n)))
+            feats.append(f)
     return torch.cat(logits), (torch.cat(feats) if feats else None)
 
 

@@ -180,7 +180,7 @@ def test_prefill_body_makes_no_host_read(models, monkeypatch, invariant):
     assert [g.tolist() for g in out.generated] == [g.tolist() for g in ar.generated]
     (shape, first_shape, feats_shape), (_, _, no_feats) = shapes  # the drafter's call, then AR's
     assert no_feats is None
-    assert shape.invariant == invariant and len(shape.groups) == 2 and shape.width == 16
+    assert shape.invariant == invariant and len(shape.groups) == 2 and shape.length == 16
     assert first_shape == (3, 1, VOCAB) and feats_shape[:2] == (3, 16)
 
 

@@ -17,14 +17,15 @@ def test_prompts_of_one_class_share_a_shape(invariant):
     assert first == prefill_shape([40, 3, 61, 12], **kw)       # other lengths, the same 64-token bucket
     assert first != prefill_shape([40, 3, 65, 12], **kw)       # the longest past the bucket
     assert first != prefill_shape([40, 3, 61], **kw)           # another row count
-    assert first.rows == 4 and first.width == 64
+    assert first.rows == 4 and first.length == 64
     assert hash(first) == hash(prefill_shape([40, 3, 61, 12], **kw))
 
 
 def test_normal_mode_groups_rows_by_count_only(monkeypatch):
     monkeypatch.setattr(prefill_mod, "PREFILL_ROWS", 3)
     shape = prefill_shape([500] * 7, max_len=1024, bucket=64)
-    assert shape == PrefillShape(((0, 3, 512), (3, 3, 512), (6, 1, 512)))  # no token budget in normal mode
+    assert shape == PrefillShape(rows=7, length=512, group_rows=3)  # no token budget in normal mode
+    assert shape.groups == ((0, 3, 512), (3, 3, 512), (6, 1, 512))
 
 
 def test_invariant_mode_groups_rows_within_the_token_budget(monkeypatch):
@@ -41,6 +42,6 @@ def test_the_padded_length_stays_within_the_state():
     assert prefill_length(61, max_len=1024, bucket=64) == 64
     assert prefill_length(61, max_len=62, bucket=64) == 62     # clipped to the state's slots
     assert prefill_length(61, max_len=1024, bucket=0) == 61    # no bucket: the longest prompt
-    assert prefill_shape([61, 2], max_len=62, bucket=64).width == 62
+    assert prefill_shape([61, 2], max_len=62, bucket=64).length == 62
     with pytest.raises(ValueError, match="at least one prompt"):
         prefill_shape([], max_len=64, bucket=64)
