@@ -15,6 +15,11 @@ RMSNorm, RoPE and two scatters); the conv's finish side with the layer's residua
 launch (the reference: the conv's launch, then PyTorch's add); the same followed by the next
 sublayer's RMSNorm in one launch (the reference: the conv + residual launch, then the norm's
 PyTorch ops). ``--sweep`` also times alternative tilings (used to pick the defaults).
+
+Training (``--part training``, or with everything by default): ``head_ce``, the fused head loss's
+row kernel, over one chunk of the Qwen2.5-Coder-0.5B ablation (64 anchors x 8 sequences x 15
+slots = 7680 rows of V = 151936 bf16 logits), against the ops it replaces: the torch reference
+eagerly, and the trainer's former pair (the group maxima, then ``ce_and_logits_grad`` compiled).
 """
 
 from __future__ import annotations
@@ -142,6 +147,24 @@ def topk_case(batch: int, config: dict | None = None):
     ref = [(lambda x=x: vocab_topk(x, K_CAND, impl="torch")) for x in sets]
     base = [(lambda x=x: torch.topk(x, K_CAND, dim=-1)) for x in sets]
     return tri, ref, base, nbytes, f"[{rows},{V}] bf16 k{K_CAND}"
+
+
+def head_ce_case(rows: int = 7680, vocab: int = V):
+    """`head_ce` on `[rows, vocab]` bf16 logits: it reads them twice and writes the gradient once
+    (the bytes counted); the reference and the trainer's former pair (group maxima by `amax`, then
+    the compiled `ce_and_logits_grad`) as the baselines."""
+    from dflash2.kernels.head_ce import head_ce
+    from dflash2.training.losses import TOPK_GROUP, ce_and_logits_grad
+
+    z = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16) * 3
+    y = torch.randint(0, vocab, (rows,), device="cuda")
+    coef = torch.rand(rows, device="cuda")
+    nbytes = 3 * rows * vocab * 2
+    compiled = torch.compile(ce_and_logits_grad, dynamic=False)
+    tri = [lambda: head_ce(z, y, coef, group=TOPK_GROUP, impl="triton")]
+    ref = [lambda: head_ce(z, y, coef, group=TOPK_GROUP, impl="torch")]
+    pair = [lambda: (z.view(rows, -1, TOPK_GROUP).amax(-1), compiled(z, y, coef))]
+    return tri, ref, pair, nbytes, f"[{rows},{vocab}] bf16"
 
 
 def topk_invalid_case(batch: int):
@@ -304,6 +327,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--out", help="also write the markdown tables here")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--sweep", action="store_true", help="also time alternative tilings")
+    parser.add_argument("--part", choices=["all", "inference", "training"], default="all",
+                        help="the inference kernels (8B shapes), the training kernel, or both")
     parser.add_argument("--sweep-kernels", nargs="+", default=list(SWEPT),
                         choices=list(SWEPT), help="the kernels --sweep covers (default: all)")
     args = parser.parse_args(argv)
@@ -331,7 +356,7 @@ def main(argv: list[str] | None = None) -> str:
         return t
 
     step_rows = []
-    for batch in args.batches:
+    for batch in (args.batches if args.part != "training" else []):
         tri, ref, nbytes, shape = conv_case(batch)
         row("dynamic_conv (1 application)", batch, shape, nbytes, tri, ref)
         tri, two, nbytes, shape = conv_residual_case(batch)
@@ -364,7 +389,20 @@ def main(argv: list[str] | None = None) -> str:
         sr = _time_graph_us([step_fns(batch, "torch")], 3)
         step_rows.append((batch, st, sr))
         torch.cuda.empty_cache()
+    if args.part != "inference":
+        tri, ref, pair, nbytes, shape = head_ce_case()
+        t = row("head_ce (training; ref: the torch reference)", "-", shape, nbytes, tri, ref, reps=5)
+        pe, pg = _time_eager_us(pair), _time_graph_us(pair, 5)
+        tab.add("  former pair: amax, then ce_and_logits_grad compiled", "-", shape, nbytes / 1e6, t,
+                nbytes / (t * 1e-6) / 1e9, 100 * nbytes / (t * 1e-6) / 1e9 / bw, pe, pg, pe / t, pg / t)
+        torch.cuda.empty_cache()
     out.append(tab.markdown())
+    if args.part == "training":
+        text = "\n".join(out) + "\n"
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
+        return text
 
     steps = Table(["batch", "DFlash2 step work, triton us (graph)", "torch reference us (graph)", "speedup"])
     print("\nOne step of DFlash2-specific work (20 conv + top-K [16B, V] + walk + verify T=1):")

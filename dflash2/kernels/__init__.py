@@ -1,4 +1,4 @@
-"""Fused inference kernels for DFlash2, each beside its PyTorch reference.
+"""Fused kernels for DFlash2 (inference, and one for training), each beside its PyTorch reference.
 
 One folder per op (``reference.py``: the obviously-right torch version, the CPU and autograd
 path; ``triton_kernels.py``: ``@triton.jit`` functions only; ``__init__.py``: the public function,
@@ -23,6 +23,12 @@ its launcher and the dispatch on an already-resolved ``impl``):
 - ``norm_rope.norm_rope`` / ``norm_rope.norm_rope_into_cache``: the draft attention's per-head
   RMSNorm and RoPE in one launch, into a fresh tensor or the draft's cache at each token's slot
   with the values (reference: the module's ops and scatters).
+
+Training:
+
+- ``head_ce.head_ce``: the fused head loss's logsumexp, logit gradient and top-k group maxima of the
+  draft's logits in one launch (reads them twice; reference: the torch ops of
+  ``dflash2.training.losses``).
 
 ``dispatch.resolve_impl`` turns ``"auto" | "torch" | "triton"`` into ``"torch" | "triton"`` once;
 ``keyed_random`` is the counter-based RNG shared by references and kernels; ``python -m

@@ -31,6 +31,10 @@ over chunks of anchors. Two implementations of the head's CE (`head_loss`, chose
   of value zero). The loss values equal the reference's up to rounding of the fp32 reductions;
   the gradients differ only in where the CE and selector parts are summed before the bf16 GEMM
   (tests/training/test_losses.py).
+  On CUDA (`kernel_impl="triton"`) the logsumexp, the logit gradient and the group maxima of the
+  top-k come from one launch of `dflash2.kernels.head_ce`, which reads the logits twice instead of
+  three times; the loss, the top-k and the gradients are the same up to that kernel's fp32
+  rounding (tests/kernels/test_head_ce.py, tests/training/test_losses.py).
 """
 
 from __future__ import annotations
@@ -43,7 +47,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from dflash2.kernels.head_ce import head_ce
 from dflash2.kernels.selector.reference import transition_scores
+
+TOPK_GROUP = 128  # columns per group of `grouped_topk` (and of the head-CE kernel's group maxima)
 
 
 def default_gamma(block_size: int) -> float:
@@ -102,9 +109,12 @@ class DistillObjective(nn.Module):
     accelerate/DDP/FSDP wrap one module whose forward returns the loss.
 
     The frozen target's `embed` and `head` are passed per call, never registered here.
+    `kernel_impl` (`"torch"` or `"triton"`, resolved by the caller, `dflash2.kernels.dispatch`)
+    picks the fused head loss's row kernel: `"triton"` runs `dflash2.kernels.head_ce` where the
+    vocabulary is a whole number of top-k groups, `"torch"` the reference ops.
     """
 
-    def __init__(self, draft: nn.Module, spec: ObjectiveSpec):
+    def __init__(self, draft: nn.Module, spec: ObjectiveSpec, kernel_impl: str = "torch"):
         super().__init__()
         spec.check()
         self.draft = draft
@@ -118,6 +128,11 @@ class DistillObjective(nn.Module):
         if spec.head_loss == "fused" and not plain_head:
             raise ValueError("train.head_loss=fused needs a plain head (no output multiplier or logit softcap)")
         self.fused_head = spec.head_loss == "fused" or (spec.head_loss == "auto" and spec.loss == "ce" and plain_head)
+        if kernel_impl not in ("torch", "triton"):
+            raise ValueError(f"kernel_impl must be a resolved 'torch' or 'triton', got {kernel_impl!r}")
+        V, k = cfg.vocab_size, cfg.selector_top_k
+        self.head_rows = "triton" if (kernel_impl == "triton" and self.fused_head and V % TOPK_GROUP == 0
+                                      and V // TOPK_GROUP >= k) else "torch"
         self._ce_grad = ce_and_logits_grad          # compiled on the first CUDA call (`_chunk`)
         self.compiled = False
 
@@ -195,14 +210,20 @@ class DistillObjective(nn.Module):
         sel = d.candidate_selector
         mass = torch.zeros((), device=h.device, dtype=torch.float64)
         if self.fused_head:
-            if h.device.type == "cuda" and self._ce_grad is ce_and_logits_grad and not self.compiled:
+            if (self.head_rows == "torch" and h.device.type == "cuda" and self._ce_grad is ce_and_logits_grad
+                    and not self.compiled):
                 self._ce_grad = _compiled_or_eager(ce_and_logits_grad)
             with torch.no_grad():
                 z = head(h)                                                  # [N, V], the head's dtype
                 k = min(d.config.selector_top_k, z.shape[-1])
-                topv, topi = grouped_topk(z, k)                              # [N, k] sorted
+                if self.head_rows == "triton":                               # one launch: lse, grad, group maxima
+                    lse, grad_z, gmax = head_ce(z, y, coef, group=TOPK_GROUP, impl="triton")
+                    value = (coef * (lse - z.gather(-1, y[:, None]).squeeze(-1).float())).sum()
+                    topv, topi = grouped_topk(z, k, group_max=gmax)
+                else:
+                    topv, topi = grouped_topk(z, k)                          # [N, k] sorted
+                    value, grad_z = self._ce_grad(z, y, coef)                # grad_z [N, V] in z's dtype
                 topv = topv.float()
-                value, grad_z = self._ce_grad(z, y, coef)                    # grad_z [N, V] in z's dtype
                 grad_h = (grad_z.to(head_weight.dtype) @ head_weight).to(h.dtype)
                 del grad_z
             unary = _ValueWithGrad.apply(h, value, grad_h)
@@ -318,18 +339,21 @@ def _compiled_or_eager(fn):
     return call
 
 
-def grouped_topk(z: torch.Tensor, k: int, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_topk(z: torch.Tensor, k: int, group: int = TOPK_GROUP, group_max: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`torch.topk(z, k)` (sorted, largest) over the last dim of `z [N, V]`, in two small steps
     when `V` is a multiple of `group` with at least `k` groups: the top-k groups by their
     maximum hold every top-k element (each of the k largest values lies in a group whose
     maximum is at least the k-th largest, and at most k groups have one), then the top-k of
     those groups' `k * group` values. The same values as `torch.topk`; among exactly tied
-    values the indices may differ (torch.topk leaves that order unspecified too)."""
+    values the indices may differ (torch.topk leaves that order unspecified too).
+    `group_max [N, V // group]`: the groups' maxima if already computed (`head_ce` gives them)."""
     N, V = z.shape
     if V % group or V // group < k:
         return z.topk(k, dim=-1)
     zg = z.view(N, V // group, group)
-    top_groups = zg.amax(-1).topk(k, dim=-1).indices                        # [N, k]
+    gmax = zg.amax(-1) if group_max is None else group_max
+    top_groups = gmax.topk(k, dim=-1).indices                               # [N, k]
     cand = zg.gather(1, top_groups[:, :, None].expand(-1, -1, group)).view(N, k * group)
     vals, j = cand.topk(k, dim=-1)
     idx = top_groups.gather(1, j // group) * group + j % group

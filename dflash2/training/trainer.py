@@ -34,6 +34,7 @@ import torch
 from torch.profiler import record_function
 
 from dflash2.entrypoint import UserError
+from dflash2.kernels.dispatch import resolve_impl
 from dflash2.training.data import TrainingData, collate
 from dflash2.training.distributed import distributed_mode, fsdp_no_sync, shard_objective
 from dflash2.training.layout import (anchor_seed, attention_rule, build_layout, dense_mask, flex_block_mask,
@@ -191,7 +192,9 @@ class Distiller:
             st.load_draft_weights(self.draft, ckpt)
             resume_state = st.load_state(ckpt)
             self.start_step = int(resume_state["step"])
-        objective = DistillObjective(self.draft, self.tc.objective()).to(self.device)
+        # The fused head loss's row kernel, resolved once for this device (Triton on CUDA).
+        self.kernel_impl = resolve_impl("auto", self.device)
+        objective = DistillObjective(self.draft, self.tc.objective(), self.kernel_impl).to(self.device)
         if self.fsdp and shard_objective(objective, self.device, accelerator):
             self.draft.layer_checkpointing = True
         if self.tc.compile:
@@ -392,7 +395,7 @@ class Distiller:
             objective = self.acc.unwrap_model(self.model)
         else:
             live = full_draft.to(self.device)
-            objective = DistillObjective(live, self.tc.objective()).to(self.device)
+            objective = DistillObjective(live, self.tc.objective(), self.kernel_impl).to(self.device)
         was = objective.training
         objective.eval()
         out: dict[str, float] = {}

@@ -1,6 +1,7 @@
 """Objective: position weights, missing-target injection, chunking, stop-gradient (spec 3.5, 6.3)."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -17,15 +18,15 @@ def test_position_weights_and_gamma_defaults():
     assert default_gamma(16) == 7 and default_gamma(8) == 4 and default_gamma(10) == 5
 
 
-def _setup(**spec):
+def _setup(vocab=50, kernel_impl="torch", **spec):
     torch.manual_seed(0)
-    cfg = tiny_draft_config(vocab=50, block_size=4, selector_top_k=3)
+    cfg = tiny_draft_config(vocab=vocab, block_size=4, selector_top_k=3)
     draft = randomize_(DFlash2DraftModel(cfg), seed=2, std=0.2)
-    obj = DistillObjective(draft, ObjectiveSpec(**spec))
+    obj = DistillObjective(draft, ObjectiveSpec(**spec), kernel_impl)
     Bt, A, Bk, S, H = 2, 4, 4, 12, cfg.hidden_size
     g = torch.Generator().manual_seed(0)
-    head = torch.nn.Linear(H, 50, bias=False)
-    embed = torch.nn.Embedding(50, H)
+    head = torch.nn.Linear(H, vocab, bias=False)
+    embed = torch.nn.Embedding(vocab, H)
     anchors = torch.tensor([[0, 2, 4, 6], [1, 3, 5, 7]])
     batch = {
         "input_ids": torch.randint(0, 49, (Bt, S), generator=g), "position_ids": torch.arange(S).expand(Bt, S),
@@ -78,6 +79,42 @@ def test_fused_head_loss_matches_the_autograd_reference(extra):
     for name in ga:  # summation order moves an element by ulps of the tensor's largest terms, not of itself
         scale = float(ga[name].abs().max())
         torch.testing.assert_close(gf[name], ga[name], rtol=1e-5, atol=1e-5 * scale, msg=name)
+
+
+@pytest.mark.parametrize("extra", [{}, {"predecessor": "self"}], ids=["default", "self_pred"])
+def test_head_ce_kernel_gives_the_reference_objective(extra):
+    """The fused head loss with its row kernel (`kernel_impl="triton"`: lse, logit gradient and
+    the top-k's group maxima in one launch; the Triton interpreter here) against the torch ops:
+    the same discrete stats, loss parts and gradients within fp32 rounding. Vocabulary 4 x 128."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no CUDA device and TRITON_INTERPRET is not 1")
+    results = {}
+    for impl in ("torch", "triton"):
+        obj, batch, mask, embed, head = _setup(vocab=512, kernel_impl=impl, chunk_anchors=3, **extra)
+        assert obj.head_rows == impl
+        out, parts = obj(batch, mask, embed, head, head.weight)
+        out.backward()
+        results[impl] = (out.detach(), parts, {n: p.grad for n, p in obj.named_parameters() if p.grad is not None})
+    (rt, pt, gt), (rk, pk, gk) = results["torch"], results["triton"]
+    torch.testing.assert_close(pk[3:], pt[3:], rtol=0, atol=0)
+    torch.testing.assert_close(pk[:3], pt[:3], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rk, rt, rtol=1e-6, atol=1e-6)
+    assert gt.keys() == gk.keys() and gt
+    for name in gt:
+        scale = float(gt[name].abs().max())
+        torch.testing.assert_close(gk[name], gt[name], rtol=1e-5, atol=1e-5 * scale, msg=name)
+
+
+def test_head_ce_kernel_only_where_it_applies():
+    """The row kernel is chosen once, at construction: for the fused CE on a vocabulary of whole
+    top-k groups; otherwise (50 columns, the autograd head, KL) the torch ops; bad impls refused."""
+    assert _setup(vocab=512, kernel_impl="triton")[0].head_rows == "triton"
+    assert _setup(vocab=50, kernel_impl="triton")[0].head_rows == "torch"
+    assert _setup(vocab=512, kernel_impl="triton", head_loss="autograd")[0].head_rows == "torch"
+    assert _setup(vocab=512, kernel_impl="triton", loss="kl")[0].head_rows == "torch"
+    with pytest.raises(ValueError, match="kernel_impl"):
+        _setup(kernel_impl="auto")
 
 
 def test_head_loss_choice_is_resolved_once_and_checked():

@@ -1,0 +1,35 @@
+"""The reference for the head-CE kernel: the CE statistics and logit gradient in torch, and the
+group maxima that `dflash2.training.losses.grouped_topk` reduces the top-k to.
+
+For logits `z [N, V]`, labels `y [N]` and fp32 weights `coef [N]`:
+
+    lse[i]      = logsumexp_v z[i, v]                          fp32
+    grad[i, v]  = coef[i] * (softmax(z[i])[v] - [v == y[i]])   fp32 math, rounded once to z's dtype
+    gmax[i, g]  = max_{v in group g} z[i, v]                   z's dtype (exact: a max rounds nothing)
+
+`sum_i coef[i] * (lse[i] - z[i, y[i]])` is the weighted CE whose gradient `grad` is. This is the
+CPU path and the path for vocabularies that are not a whole number of groups.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def head_ce_reference(z: torch.Tensor, y: torch.Tensor, coef: torch.Tensor, group: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(lse [N] fp32, grad [N, V] z.dtype, gmax [N, V // group] z.dtype)` (module docstring).
+
+    Args:
+        z: logits `[N, V]` with `V % group == 0`; y: labels `[N]` int64 in `[0, V)`;
+        coef: `[N]` fp32 weights; group: columns per group.
+    """
+    N, V = z.shape
+    if V % group:
+        raise ValueError(f"V = {V} is not a multiple of the group size {group}")
+    zf = z.float()
+    lse = torch.logsumexp(zf, dim=-1)
+    onehot = torch.arange(V, device=z.device)[None, :] == y[:, None]
+    grad = ((torch.exp(zf - lse[:, None]) - onehot.float()) * coef[:, None]).to(z.dtype)
+    gmax = z.view(N, V // group, group).amax(-1)
+    return lse, grad, gmax
