@@ -127,6 +127,7 @@ def cases():
     import torch
 
     from dflash2.kernels.dynamic_conv import _grouped_dynamic_conv_norm_triton, _grouped_dynamic_conv_triton
+    from dflash2.kernels.head_ce import _launch as _head_ce_triton
     from dflash2.kernels.keyed_random import keyed_uniform_triton
     from dflash2.kernels.linear import MAX_ROWS, _DEFAULT_SMS, _small_m_linear_triton, default_config
     from dflash2.kernels.norm_rope import norm_rope, norm_rope_into_cache, norm_rope_queries_and_cache
@@ -230,6 +231,10 @@ def cases():
     for rows, inter, dt in ((16, 12288, bf16), (64, 1536, f32)):
         out.append((f"silu_mul rows={rows} I={inter} {str(dt)[6:]}", lambda r=rows, i=inter, dt=dt: silu_mul(
             *e(r, 2 * i, dtype=dt).split(i, dim=1), impl="triton")))
+    # the fused head loss's row kernel (training): a chunk of the 0.5B ablation's logits, V = 151936
+    for rows, dt in ((7680, bf16), (64, f32)):
+        out.append((f"head_ce rows={rows} V=151936 {str(dt)[6:]}", lambda r=rows, dt=dt: _head_ce_triton(
+            e(r, 151936, dtype=dt), torch.zeros(r, dtype=i64), e(r, dtype=f32), 128)))
     # the tree verify's attention mask: 64 nodes over a 4096-slot cache, batch 8
     out.append(("tree_mask B=8 nodes=64 kv=4096", lambda: _tree_mask_triton(
         torch.full((8, 64), -1, dtype=i64), torch.zeros(8, dtype=i64), 4096)))
