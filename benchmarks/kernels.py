@@ -398,11 +398,7 @@ def main(argv: list[str] | None = None) -> str:
         torch.cuda.empty_cache()
     out.append(tab.markdown())
     if args.part == "training":
-        text = "\n".join(out) + "\n"
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write(text)
-        return text
+        return _written(out, args.out)
 
     steps = Table(["batch", "DFlash2 step work, triton us (graph)", "torch reference us (graph)", "speedup"])
     print("\nOne step of DFlash2-specific work (20 conv + top-K [16B, V] + walk + verify T=1):")
@@ -420,9 +416,14 @@ def main(argv: list[str] | None = None) -> str:
 
     if args.sweep:
         out.append(_sweeps(args.batches, bw, set(args.sweep_kernels)))
-    text = "\n".join(out) + "\n"
-    if args.out:
-        with open(args.out, "w") as f:
+    return _written(out, args.out)
+
+
+def _written(parts: list[str], path: str | None) -> str:
+    """The report's text from its parts, also written to `path` when given."""
+    text = "\n".join(parts) + "\n"
+    if path:
+        with open(path, "w") as f:
             f.write(text)
     return text
 

@@ -48,6 +48,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from dflash2.kernels.head_ce import head_ce
+from dflash2.kernels.head_ce.reference import ce_grad_reference
 from dflash2.kernels.selector.reference import transition_scores
 
 TOPK_GROUP = 128  # columns per group of `grouped_topk` (and of the head-CE kernel's group maxima)
@@ -218,7 +219,7 @@ class DistillObjective(nn.Module):
                 k = min(d.config.selector_top_k, z.shape[-1])
                 if self.head_rows == "triton":                               # one launch: lse, grad, group maxima
                     lse, grad_z, gmax = head_ce(z, y, coef, group=TOPK_GROUP, impl="triton")
-                    value = (coef * (lse - z.gather(-1, y[:, None]).squeeze(-1).float())).sum()
+                    value = weighted_ce(lse, z, y, coef)
                     topv, topi = grouped_topk(z, k, group_max=gmax)
                 else:
                     topv, topi = grouped_topk(z, k)                          # [N, k] sorted
@@ -308,12 +309,14 @@ def ce_and_logits_grad(z: torch.Tensor, y: torch.Tensor, coef: torch.Tensor) -> 
         autograd gives through `z.float()` before its cast back. Pure tensor code: compiled on
         CUDA (`DistillObjective._ce_grad`: one pass for the row statistics, one for the gradient).
     """
-    zf = z.float()
-    lse = torch.logsumexp(zf, dim=-1)                                        # [N]
-    loss = (coef * (lse - zf.gather(-1, y[:, None]).squeeze(-1))).sum()
-    onehot = torch.arange(z.shape[-1], device=z.device)[None, :] == y[:, None]
-    grad = (torch.exp(zf - lse[:, None]) - onehot.float()) * coef[:, None]
-    return loss, grad.to(z.dtype)
+    lse, grad = ce_grad_reference(z, y, coef)
+    return weighted_ce(lse, z, y, coef), grad
+
+
+def weighted_ce(lse: torch.Tensor, z: torch.Tensor, y: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """`sum_i coef_i * (lse_i - z_i[y_i])` in fp32: the weighted CE from the rows' logsumexp `lse [N]`
+    and the logits `z [N, V]` at the labels `y [N]`."""
+    return (coef * (lse - z.gather(-1, y[:, None]).squeeze(-1).float())).sum()
 
 
 def _compiled_or_eager(fn):

@@ -16,20 +16,21 @@ from __future__ import annotations
 import torch
 
 
-def head_ce_reference(z: torch.Tensor, y: torch.Tensor, coef: torch.Tensor, group: int
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`(lse [N] fp32, grad [N, V] z.dtype, gmax [N, V // group] z.dtype)` (module docstring).
-
-    Args:
-        z: logits `[N, V]` with `V % group == 0`; y: labels `[N]` int64 in `[0, V)`;
-        coef: `[N]` fp32 weights; group: columns per group.
-    """
-    N, V = z.shape
-    if V % group:
-        raise ValueError(f"V = {V} is not a multiple of the group size {group}")
+def ce_grad_reference(z: torch.Tensor, y: torch.Tensor, coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(lse [N] fp32, grad [N, V] z.dtype)` of logits `z [N, V]`, labels `y [N]` and fp32 weights
+    `coef [N]` (module docstring): fp32 math, the gradient rounded once to `z`'s dtype. Pure tensor
+    code, so `torch.compile` can fuse it (`dflash2.training.losses.ce_and_logits_grad`)."""
     zf = z.float()
     lse = torch.logsumexp(zf, dim=-1)
-    onehot = torch.arange(V, device=z.device)[None, :] == y[:, None]
+    onehot = torch.arange(z.shape[-1], device=z.device)[None, :] == y[:, None]
     grad = ((torch.exp(zf - lse[:, None]) - onehot.float()) * coef[:, None]).to(z.dtype)
-    gmax = z.view(N, V // group, group).amax(-1)
-    return lse, grad, gmax
+    return lse, grad
+
+
+def head_ce_reference(z: torch.Tensor, y: torch.Tensor, coef: torch.Tensor, group: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(lse [N] fp32, grad [N, V] z.dtype, gmax [N, V // group] z.dtype)` (module docstring):
+    `ce_grad_reference` and the maxima of `group`-column groups; `V % group == 0`."""
+    N, V = z.shape
+    lse, grad = ce_grad_reference(z, y, coef)
+    return lse, grad, z.view(N, V // group, group).amax(-1)
