@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dflash2.engine.graphs import StepGraphs
-from dflash2.engine.settings import EXACT_SPLIT_KEYS
+from dflash2.engine.settings import EXACT_PREFILL_SPLIT_KEYS
 from dflash2.engine.state import DecodeState, round_up
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def prefill_forward(state: DecodeState, shape: PrefillShape) -> tuple[torch.Tens
         last = state.plens[start:start + rows] - 1                           # [rows], on the device
         if shape.invariant:
             cache.prepare(pos, kv_len=n, rows=rows, start=start)
-            kw = cache.attention_kwargs("triton", split_keys=EXACT_SPLIT_KEYS, tile_queries=shape.tile)
+            kw = cache.attention_kwargs("triton", split_keys=EXACT_PREFILL_SPLIT_KEYS, tile_queries=shape.tile)
         else:
             cache.prepare(pos, kv_len=n, rows=rows if state.batch > rows else None, start=start)
             kw = cache.attention_kwargs(state.engine.attention_impl)

@@ -18,7 +18,13 @@ from dflash2.engine.verify import VERIFY_POLICIES
 
 RESOLVED_IMPLS = ("torch", "triton")
 EXACT_IMPLS = ("rows", "invariant")
-EXACT_SPLIT_KEYS = 256  # invariant exact mode: key slots per attention split, at fixed absolute boundaries
+# Invariant exact mode: key slots per attention split, at fixed absolute boundaries. The decoding
+# steps split every 64 keys (one key block per program: as many programs as the normal mode's
+# split count gives a decode at a few hundred keys); the prefill every 256, since its workspace
+# holds a partial per (query tile, split) and grows with the square of the prompt length. Spec ==
+# AR needs only that every step of every arm uses the same value and that both prefill alike.
+EXACT_SPLIT_KEYS = 64
+EXACT_PREFILL_SPLIT_KEYS = 256
 # Exact mode's width when no draft sets it and exact mode is off (`inputs.exact_width` is the rule).
 DEFAULT_EXACT_BLOCK_SIZE = 16
 

@@ -18,7 +18,7 @@ import torch
 from dflash2.engine import speculative_generate
 from dflash2.engine import cache as cache_mod
 from dflash2.engine.inputs import GenerateInputError, check_generate_inputs
-from dflash2.engine.settings import EXACT_SPLIT_KEYS
+from dflash2.engine.settings import EXACT_PREFILL_SPLIT_KEYS, EXACT_SPLIT_KEYS
 from dflash2.evaluation.arms.oracle_proposers import OracleProposer
 from dflash2.target import TargetModel
 from tests.engine.helpers import tiny_qwen3
@@ -69,7 +69,7 @@ def test_the_invariant_kernels_run_batched(target, monkeypatch):
         return real_mean(*a, **k)
 
     def attn(*a, **k):
-        seen["splits"].append((k.get("impl"), k.get("split_keys"), k.get("tile_queries")))
+        seen["splits"].append((a[0].shape[2], k.get("impl"), k.get("split_keys"), k.get("tile_queries")))
         return real_attn(*a, **k)
 
     monkeypatch.setattr(linear, "small_m_linear", lin)
@@ -96,9 +96,11 @@ def test_the_invariant_kernels_run_batched(target, monkeypatch):
     assert not {lin.weight.data_ptr() for lin in (attn0.q_proj, attn0.k_proj, attn0.v_proj)} & seen["linear_w"]
     assert seen["means"] > 0
     assert b * prefill[1] in seen["linear_rows"]  # the prefill's linears through the small-M kernel too
-    # The prefill and every step: fixed key splits and a query tile fixed by exact_block_size,
-    # whatever the width (the prompts run in tiles of it).
-    assert set(seen["splits"]) == {("triton", EXACT_SPLIT_KEYS, W)}
+    # The prefill and every step: fixed key splits (the prefill's own size) and a query tile fixed by
+    # exact_block_size, whatever the width (the prompts run in tiles of it).
+    assert set(seen["splits"]) == {(prefill[1], "triton", EXACT_PREFILL_SPLIT_KEYS, W),
+                                   (1, "triton", EXACT_SPLIT_KEYS, W), (W, "triton", EXACT_SPLIT_KEYS, W)}
+    assert EXACT_SPLIT_KEYS != EXACT_PREFILL_SPLIT_KEYS
     assert all(len(g) == 3 for g in ar.generated) and all(len(g) == 3 for g in spec.generated)
 
 
