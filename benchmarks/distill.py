@@ -80,7 +80,7 @@ def bench(target, bs: int, args, arms: int = 1) -> dict:
         train=TrainSpec(batch_size=bs, grad_accum=args.grad_accum, max_steps=steps, num_anchors=args.anchors,
                         chunk_anchors=args.chunk_anchors, checkpoint_head=args.checkpoint_head,
                         gradient_checkpointing=args.grad_ckpt, attention=args.attention, progress=False,
-                        head_loss=args.head_loss, compile=args.compile),
+                        head_loss=args.head_loss, compile=args.compile, target_graphs=args.target_graphs),
         output_dir=str(args.scratch))
     data = TrainingData(samples(bs * steps, args.length, spec["vocab_size"]), [], [], "bench")
     acc = Accelerator(mixed_precision="bf16")
@@ -179,6 +179,8 @@ def main() -> None:
     p.add_argument("--arms", default="1", help="drafters trained together on the same batches, e.g. 1,3")
     p.add_argument("--head-loss", default="auto", choices=["auto", "fused", "autograd"])
     p.add_argument("--compile", action="store_true", help="train.compile=true: the draft forward and losses compiled")
+    p.add_argument("--target-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="train.target_graphs: the target's pass replayed from a CUDA graph")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks.distill needs a CUDA GPU")
@@ -212,7 +214,8 @@ def main() -> None:
     head = (f"Distillation throughput, {gpu}: {spec['name']} target (random bf16), {layers}-layer {args.architecture} "
             f"draft, block 16, {args.anchors} anchors, {args.length}-token samples, bf16 autocast, "
             f"attention={args.attention}, checkpoint_head={args.checkpoint_head}, grad_ckpt={args.grad_ckpt}, "
-            f"chunk_anchors={args.chunk_anchors}, head_loss={args.head_loss}, compile={args.compile}; "
+            f"chunk_anchors={args.chunk_anchors}, head_loss={args.head_loss}, compile={args.compile}, "
+            f"target_graphs={args.target_graphs}; "
             f"{args.warmup} warm-up + {args.steps} "
             f"timed steps; arms = drafters trained together on the same batches.\n\n"
             f"Command: `python -m benchmarks.distill {' '.join(sys.argv[1:])}`\n\n")

@@ -52,6 +52,7 @@ class TrainSpec:
     attention: str = "auto"               # auto (flex on CUDA, dense on CPU) | flex | dense
     pad_to: int = 0                       # pad S to a multiple (0: 256 on CUDA, 1 on CPU)
     compile: bool = False                 # torch.compile the draft's training forward and losses (Inductor)
+    target_graphs: bool = True            # CUDA: the target's pass replayed from CUDA graphs (same bits)
     # Bookkeeping.
     log_every: int = 1
     checkpoint_every: int = 100

@@ -6,6 +6,7 @@ Per optimizer step, on each process:
     anchors   up to A per sample, drawn from (seed, epoch, sample index)      layout.sample_anchors
     target    one no-grad forward with a block-diagonal causal mask (packed documents never see
               each other): features at target_layer_ids, final-normed last state -> teacher argmax
+              (dflash2.training.teacher; replayed from a CUDA graph per batch shape on CUDA)
     draft     DistillObjective: blocks + mask (FlexAttention on CUDA, dense on CPU), chunked head,
               unary + alpha * selector loss; backward, clip, AdamW, cosine-with-warmup
 
@@ -42,6 +43,7 @@ from dflash2.training.layout import (anchor_seed, attention_rule, build_layout, 
 from dflash2.training.losses import DistillObjective, summarize_stats
 from dflash2.training.metrics import MetricsJsonl, WandbSink, console_postfix
 from dflash2.training.target_cache import TargetPassCache
+from dflash2.training.teacher import TeacherPass
 from dflash2.training import state as st
 
 
@@ -87,37 +89,6 @@ def pad_to_multiple(batch: dict[str, torch.Tensor], multiple: int) -> dict[str, 
         return batch
     fill = {"doc_ids": -1}
     return {k: torch.nn.functional.pad(v, (0, extra), value=fill.get(k, 0)) for k, v in batch.items()}
-
-
-@torch.no_grad()
-def target_pass(target, batch: dict[str, torch.Tensor], layer_ids: list[int], *, keep_last: bool,
-                chunk: int = 1024) -> dict[str, torch.Tensor]:
-    """Features, teacher argmax (and the final-normed state for KL) of packed sequences.
-
-    Args:
-        target: `TargetModel`; batch: `input_ids, position_ids, doc_ids [Bt, S]`.
-        layer_ids: the draft's `target_layer_ids`; keep_last: also return `h_last`.
-        chunk: positions per head call for the argmax ([Bt, chunk, V] live at once).
-    Returns:
-        `features [Bt, S, n*H]`, `teacher_next [Bt, S]` (argmax of the target's logits at each
-        position, i.e. its greedy next token), and `h_last [Bt, S, H]` when `keep_last`.
-    """
-    ids, doc = batch["input_ids"], batch["doc_ids"]
-    S = ids.shape[1]
-    causal = torch.ones(S, S, dtype=torch.bool, device=ids.device).tril()
-    mask = ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]        # [Bt, 1, S, S] block-diagonal
-    last = target.num_layers - 1
-    want = list(layer_ids) + ([last] if last not in layer_ids else [])
-    out = target(ids, position_ids=batch["position_ids"], attention_mask=mask, layer_ids=want, logits_to_keep=1)
-    H = target.hidden_size
-    feats = out.features
-    j = want.index(last)
-    h_last = feats[..., j * H:(j + 1) * H]
-    teacher = torch.cat([target.head(h_last[:, s:s + chunk]).argmax(-1) for s in range(0, S, chunk)], dim=1)
-    res = {"features": feats[..., :len(layer_ids) * H], "teacher_next": teacher}
-    if keep_last:
-        res["h_last"] = h_last
-    return res
 
 
 class Distiller:
@@ -237,10 +208,12 @@ class Distiller:
             raise ValueError("train.attention=flex needs CUDA (PyTorch has no FlexAttention backward on CPU); "
                              "use train.attention=auto or dense here")
         self.pad_to = self.tc.pad_to or (256 if self.device.type == "cuda" else 1)
-        keep_last = self.tc.loss == "kl"
-        self.target_cache = TargetPassCache(
-            lambda b: target_pass(self.target, b, self.layer_ids, keep_last=keep_last), self.device,
-        ) if self.tc.cache_target else None
+        # The target's pass: held in CUDA graphs on CUDA (`train.target_graphs`), per sequence
+        # and eager with the target cache.
+        self.teacher = TeacherPass(self.target, self.layer_ids, keep_last=self.tc.loss == "kl",
+                                   graphs=self.tc.target_graphs and self.device.type == "cuda"
+                                   and not self.tc.cache_target)
+        self.target_cache = TargetPassCache(self.teacher.eager, self.device) if self.tc.cache_target else None
         if self.attention == "flex" and self.device.type == "cuda":
             import torch._dynamo as dynamo
 
@@ -278,7 +251,7 @@ class Distiller:
                 # Held-out batches use epoch -1 and index their own list: key by (split, index).
                 tgt = self.target_cache.outputs([(e < 0, i) for e, i in keys], samples, batch["input_ids"].shape[1])
             else:
-                tgt = target_pass(self.target, batch, self.layer_ids, keep_last=self.tc.loss == "kl")
+                tgt = self.teacher(batch)
             if self.acc.mixed_precision == "no":   # fp32 draft without autocast: feed it fp32
                 tgt = {k: (v.float() if v.is_floating_point() else v) for k, v in tgt.items()}
         with record_function("distill.mask"):

@@ -9,7 +9,7 @@ import torch
 
 from dflash2.training.metrics import read_metrics
 from dflash2.training.target_cache import TargetPassCache
-from dflash2.training.trainer import target_pass
+from dflash2.training.teacher import target_pass
 from tests.training.distill_helpers import run, synthetic_data, tiny_target
 
 
@@ -28,11 +28,11 @@ def test_cached_outputs_equal_a_pass_over_the_sequence_alone():
 
 
 def test_cached_run_follows_the_uncached_loss_curve_and_runs_the_target_once_per_sequence(tmp_path, monkeypatch):
-    import dflash2.training.trainer as trainer
+    import dflash2.training.teacher as teacher
 
     calls = []
-    real = trainer.target_pass
-    monkeypatch.setattr(trainer, "target_pass", lambda t, b, *a, **k: calls.append(b["input_ids"].shape[0])
+    real = teacher.target_pass
+    monkeypatch.setattr(teacher, "target_pass", lambda t, b, *a, **k: calls.append(b["input_ids"].shape[0])
                         or real(t, b, *a, **k))
     steps = 8  # 4 per epoch over the 8 synthetic sequences (batch 4): every sequence seen twice
     run(tmp_path / "plain", max_steps=steps, checkpoint_every=100)
