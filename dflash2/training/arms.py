@@ -102,6 +102,10 @@ class ArmGroup:
                 raise ValueError(f"arms {first_name} and {name} differ in steps ({first.total_steps} vs "
                                  f"{d.total_steps}); give them the same train.max_steps")
         self.total_steps = first.total_steps
+        # One target pass for every arm, its held-out batches included: on CUDA one set of graphs
+        # (and their memory pool) instead of one per arm. Equal batch keys make the passes equal.
+        for d in self.arms.values():
+            d.teacher = first.teacher
         # Each arm's global RNG stream, swapped in around its own work (as if it ran alone).
         self._rng = dict(rng_states) if rng_states else {name: st.rng_state() for name in self.arms}
 

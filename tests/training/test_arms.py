@@ -58,7 +58,9 @@ def _same_files(a, b):
 
 
 def test_each_arm_equals_that_arm_trained_alone(tmp_path):
-    finals = _group(tmp_path / "group").fit(progress=False)
+    group = _group(tmp_path / "group")
+    assert len({id(d.teacher) for d in group.arms.values()}) == 1  # one target pass (and graph set) for all
+    finals = group.fit(progress=False)
     assert sorted(finals) == sorted(ARMS)
     configs = arm_configs(replace(tiny_config(tmp_path / "group"), arms=ARMS))
     assert configs["v1"].draft.architecture == "v1" and configs["conv_only"].train.selector_alpha == 0.0
