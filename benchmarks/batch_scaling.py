@@ -8,7 +8,8 @@ Per batch size B, four arms of `speculative_generate` on the shape's random bf16
 random DFlash2 draft (selector rank 64): AR and N = 7 at T = 0 in exact mode
 (`exact_impl="invariant"`, every forward padded to the draft's block of 16), and AR and N = 7 at T
 = 1 on the normal engine. The draft has the shape's layer count (two at the 0.5B shape). Prompts
-are B random token rows of 100-399 tokens (one fixed draw); `--new-tokens` tokens each. Each arm
+are B random token rows of 100-399 tokens (`--prompt-tokens 100,400`: lengths spread over
+[min, max), one fixed draw); `--new-tokens` tokens each. Each arm
 runs one untimed call (graph capture, kernel selection) and then one timed whole call, the device
 synchronized before and after it; ms/step = wall / steps of the longest row; `prefill_s` is the
 call's prefill (`SpeculativeOutput.times.prefill`: the prompts' forwards up to the first token,
@@ -59,13 +60,16 @@ def build(shape: str, device: torch.device):
     return target, draft.to(device=device, dtype=dtype).eval()
 
 
-def measure(target, draft, batch: int, new_tokens: int, device: torch.device) -> list[dict]:
-    """The four arms' rows at batch `batch` (module docstring)."""
+def measure(target, draft, batch: int, new_tokens: int, device: torch.device,
+            prompt_tokens: tuple[int, int] = (100, 400)) -> list[dict]:
+    """The four arms' rows at batch `batch`; prompt `i` has `lo + (37 i) mod (hi - lo)` tokens for
+    `prompt_tokens` = (lo, hi) (module docstring)."""
     from dflash2.engine import speculative_generate
 
     g = torch.Generator().manual_seed(batch)
     vocab = int(target.vocab_size)
-    prompts = [torch.randint(0, vocab - 1, (100 + (i * 37) % 300,), generator=g).tolist() for i in range(batch)]
+    lo, hi = prompt_tokens
+    prompts = [torch.randint(0, vocab - 1, (lo + (i * 37) % (hi - lo),), generator=g).tolist() for i in range(batch)]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
     for name, n, temp, exact in ARMS:
@@ -123,19 +127,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     p.add_argument("--batch", type=_ints, default=[64, 256, 512])
     p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--prompt-tokens", type=_ints, default=[100, 400], help="MIN,MAX: prompt lengths in [MIN, MAX)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     args = p.parse_args(argv)
     if args.new_tokens < 2:
         print("error: --new-tokens must be >= 2", file=sys.stderr)
         return 2
+    if len(args.prompt_tokens) != 2 or args.prompt_tokens[0] >= args.prompt_tokens[1]:
+        print(f"error: --prompt-tokens must be MIN,MAX with MIN < MAX, got {args.prompt_tokens}", file=sys.stderr)
+        return 2
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     target, draft = build(args.shape, device)
-    rows = [r for b in args.batch for r in measure(target, draft, b, args.new_tokens, device)]
+    span = tuple(args.prompt_tokens)
+    rows = [r for b in args.batch for r in measure(target, draft, b, args.new_tokens, device, span)]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     layers = SHAPES[args.shape][1]
     text = markdown(rows, f"Step cost against batch, {name}: {args.shape} random target, random {layers}-layer "
-                          f"draft, {args.new_tokens} new tokens; exact = invariant kernels at width {draft.block_size}")
+                          f"draft, prompts of {span[0]}-{span[1] - 1} tokens, {args.new_tokens} new tokens; "
+                          f"exact = invariant kernels at width {draft.block_size}")
     print(text)
     if os.environ.get("OUT"):
         out = Path(os.environ["OUT"])
