@@ -8,11 +8,11 @@ Per batch size B, four arms of `speculative_generate` on the shape's random bf16
 random DFlash2 draft (selector rank 64): AR and N = 7 at T = 0 in exact mode
 (`exact_impl="invariant"`, every forward padded to the draft's block of 16), and AR and N = 7 at T
 = 1 on the normal engine. The draft has the shape's layer count (two at the 0.5B shape). Prompts
-are B random token rows of 100-399 tokens (`--prompt-tokens 100,400`: lengths spread over
-[min, max), one fixed draw); `--new-tokens` tokens each. Each arm
-runs one untimed call (graph capture, kernel selection) and then one timed whole call, the device
-synchronized before and after it; ms/step = wall / steps of the longest row; `prefill_s` is the
-call's prefill (`SpeculativeOutput.times.prefill`: the prompts' forwards up to the first token,
+are B random token rows of 100-399 tokens (`--prompt-tokens 100,400`: lengths spread over [MIN,
+MAX), one fixed draw); `--new-tokens` tokens each. Each arm runs one untimed call (graph capture,
+kernel selection) and then one timed whole call, the device synchronized before and after it;
+ms/step = wall / steps of the longest row; `prefill_s` is the call's prefill
+(`SpeculativeOutput.times.prefill`: the prompts' forwards up to the first token,
 which ends on a host read of the first logits), and `ms_decode` = (wall - prefill) / steps, the
 steps alone. The random draft accepts almost nothing, so steps ~= new tokens for every arm and
 `ms_decode` is the cost of one step at that batch. Rows: `B, arm, wall_s, prefill_s, steps,
@@ -36,6 +36,7 @@ import torch
 from benchmarks.engine import SHAPES
 from dflash2.runconfig import DraftSpec, new_draft, random_target_config
 
+PROMPT_TOKENS = (100, 400)  # the default span of prompt lengths, [MIN, MAX)
 ARMS = (("ar_exact", 0, 0.0, True), ("n7_exact", 7, 0.0, True), ("ar_t1", 0, 1.0, False), ("n7_t1", 7, 1.0, False))
 
 
@@ -61,7 +62,7 @@ def build(shape: str, device: torch.device):
 
 
 def measure(target, draft, batch: int, new_tokens: int, device: torch.device,
-            prompt_tokens: tuple[int, int] = (100, 400)) -> list[dict]:
+            prompt_tokens: tuple[int, int] = PROMPT_TOKENS) -> list[dict]:
     """The four arms' rows at batch `batch`; prompt `i` has `lo + (37 i) mod (hi - lo)` tokens for
     `prompt_tokens` = (lo, hi) (module docstring)."""
     from dflash2.engine import speculative_generate
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     p.add_argument("--batch", type=_ints, default=[64, 256, 512])
     p.add_argument("--new-tokens", type=int, default=48)
-    p.add_argument("--prompt-tokens", type=_ints, default=[100, 400], help="MIN,MAX: prompt lengths in [MIN, MAX)")
+    p.add_argument("--prompt-tokens", type=_ints, default=list(PROMPT_TOKENS),
+                   help="MIN,MAX: prompt lengths in [MIN, MAX)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     args = p.parse_args(argv)
     if args.new_tokens < 2:
